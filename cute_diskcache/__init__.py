@@ -1,0 +1,87 @@
+"""cute-diskcache: a persistent, verified on-disk cache for CuTe-DSL kernels.
+
+Public API (everything else is internal):
+
+* :func:`install` / :func:`uninstall` attach the cache to flashinfer's sm12x fused-MoE compiles;
+* :func:`cached_compile` persists any explicit ``cute.compile`` under a key you give;
+* :func:`counters` reports this process's hits, misses and compile seconds.
+
+Importing the package is cheap on purpose (the .pth bootstrap imports it at interpreter
+start): torch, the DSL and msgpack load only when a cache is actually used.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable
+
+from ._version import __version__
+from .activation import install, uninstall
+
+__all__ = ["__version__", "install", "uninstall", "cached_compile", "counters"]
+
+
+def cached_compile(fn: Callable[..., Any], *args: Any, key: Any, options: Any = None, **kwargs: Any) -> Any:
+    """``cute.compile(fn, *args, options=options, **kwargs)`` through the disk cache.
+
+    ``key`` must determine everything the compile depends on besides the source of ``fn``'s
+    package, the DSL stack, the target arch and the DSL's codegen variables, which are added
+    for you: typically the shapes, dtypes and tunables you built the fake arguments from. It is
+    encoded canonically (ints, floats by their bits, str, bytes, bool, None, tuples, lists,
+    dicts, torch dtypes, cutlass types); anything else raises ``TypeError``.
+
+    Returns the loaded kernel on a hit and the freshly compiled one on a miss; both are called
+    the same way. Repeated calls in one process return the same object.
+    """
+    from . import key as keymod
+    from .cache import default_cache
+
+    import cutlass.cute as cute
+
+    owner = getattr(fn, "__module__", None) or type(fn).__module__
+    module = sys.modules.get(owner)
+    package = owner.split(".")[0]
+    env = _generic_env(owner, package, module)
+    ck = keymod.CacheKey(env, f"cached_compile:{owner}.{getattr(fn, '__qualname__', type(fn).__qualname__)}", key, options)
+    memo = _MEMO.get(ck.digest)
+    if memo is not None:
+        return memo
+    compile_kwargs = dict(kwargs)
+    if options is not None:
+        compile_kwargs["options"] = options
+    kernel, _ = default_cache().get_or_compile(ck, lambda: cute.compile(fn, *args, **compile_kwargs))
+    _MEMO[ck.digest] = kernel
+    return kernel
+
+
+_MEMO: dict[str, Any] = {}
+_ENVS: dict[str, Any] = {}
+
+
+def _generic_env(owner: str, package: str, module: Any) -> Any:
+    env = _ENVS.get(owner)
+    if env is None:
+        import importlib.metadata
+
+        from . import key as keymod
+
+        try:
+            version = importlib.metadata.version(package)
+        except (importlib.metadata.PackageNotFoundError, ValueError):
+            version = "0"
+        sources = keymod.source_fingerprint(module, package) if module is not None else "unknown"
+        env = keymod.Environment(kind="generic", package=f"{package}=={version}", sources=sources, arch=keymod.current_arch())
+        _ENVS[owner] = env
+    return env
+
+
+def counters() -> dict[str, Any]:
+    """This process's cache activity (hits, misses, compiles, seconds, rejected entries)."""
+    from .cache import default_cache
+
+    cache = default_cache()
+    out = cache.counters.as_dict()
+    out["rejected"] = cache.store.rejected
+    out["root"] = str(cache.store.root)
+    out["writable"] = cache.store.writable
+    return out

@@ -1,0 +1,132 @@
+"""Activation: get the adapter into flashinfer with no change to the serving engine.
+
+Three doors lead here, all idempotent: the ``.pth`` bootstrap (``FLASHINFER_B12X_DISK_CACHE=1``),
+vLLM's ``vllm.general_plugins`` entry point, and ``cute_diskcache.install()``. flashinfer may
+already be imported, or be imported later (often much later, inside an engine's worker), so we
+patch what is loaded now and put an import hook in place for what is not.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import logging
+import sys
+import threading
+from types import ModuleType
+from typing import Any, Sequence
+
+log = logging.getLogger("cute_diskcache")
+
+MOE_DISPATCH = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch"
+_WATCHED = ("flashinfer", MOE_DISPATCH)
+
+_lock = threading.RLock()
+_finder: "_Finder | None" = None
+_profile_name: str | None = None
+
+
+class _Loader(importlib.abc.Loader):
+    """Wraps the real loader of a watched module to run our hook around its execution."""
+
+    def __init__(self, real: importlib.abc.Loader, fullname: str) -> None:
+        self._real = real
+        self._fullname = fullname
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._real.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        if self._fullname == "flashinfer":
+            _apply_profile()  # flashinfer queries the device while it imports
+        self._real.exec_module(module)
+        if self._fullname == MOE_DISPATCH:
+            _patch(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, is_package, resource readers...
+        return getattr(self._real, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Finds watched modules through the other finders and wraps their loaders."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in _WATCHED:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and not isinstance(spec.loader, _Loader):
+                    spec.loader = _Loader(spec.loader, fullname)
+                return spec
+        return None
+
+
+def _apply_profile() -> None:
+    if _profile_name is None:
+        return
+    from . import targets
+
+    targets.apply(_profile_name)
+
+
+def _patch(module: ModuleType) -> None:
+    try:
+        from . import flashinfer_sites
+
+        flashinfer_sites.patch(module)
+    except Exception as exc:  # never break flashinfer's import because of the cache
+        log.warning("cute-diskcache could not attach to flashinfer (%s); running uncached", exc)
+
+
+def install(target: str | None = None) -> None:
+    """Attach the disk cache to flashinfer's sm12x MoE compiles, now and on later import.
+
+    ``target`` (or ``CUTE_DISKCACHE_TARGET``) names a device profile to compile for when the
+    card is not present; it must be chosen before flashinfer is imported.
+    """
+    import os
+
+    global _finder, _profile_name
+    with _lock:
+        name = target or os.environ.get("CUTE_DISKCACHE_TARGET") or None
+        if name is not None:
+            from . import targets
+
+            targets.get(name)  # unknown names fail here, loudly
+            _profile_name = name
+            if "flashinfer" in sys.modules:
+                if targets.active() is None:
+                    log.warning("target profile %s applied after flashinfer was imported; import-time queries saw the real device", name)
+                _apply_profile()
+        if _finder is None:
+            _finder = _Finder()
+            sys.meta_path.insert(0, _finder)
+        module = sys.modules.get(MOE_DISPATCH)
+        if module is not None:
+            _patch(module)
+
+
+def uninstall() -> None:
+    """Detach: remove the import hook and restore moe_dispatch's own ``cute``."""
+    global _finder
+    with _lock:
+        if _finder is not None:
+            try:
+                sys.meta_path.remove(_finder)
+            except ValueError:
+                pass
+            _finder = None
+        module = sys.modules.get(MOE_DISPATCH)
+        if module is not None:
+            from . import flashinfer_sites
+
+            flashinfer_sites.unpatch(module)
+
+
+def installed() -> bool:
+    return _finder is not None

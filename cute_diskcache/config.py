@@ -1,0 +1,99 @@
+"""Every knob in one table: its environment variable, its default, and why it exists.
+
+Settings are read from the environment each time :func:`load` is called, so a test or an
+operator can change a variable and call ``install()`` again without restarting Python.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+#: The variable that turns the cache on for an unmodified serving engine.
+ENABLE_ENV = "FLASHINFER_B12X_DISK_CACHE"
+
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """Parse a boolean variable the way operators write them (``1``, ``true``, ``on``)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    return raw.strip().lower() not in _FALSE
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """A snapshot of the configuration; see :data:`SETTINGS_DOC` for each field."""
+
+    enabled: bool
+    root: Path
+    root_source: str
+    target: str | None
+    readonly: bool
+
+
+#: name -> (environment variable, default, meaning). The README's table is made from this.
+SETTINGS_DOC: dict[str, tuple[str, str, str]] = {
+    "enabled": (ENABLE_ENV, "0", "1 turns the cache on at interpreter start (via the .pth hook) and in vLLM's plugin."),
+    "root": (
+        "CUTE_DISKCACHE_DIR",
+        "see 'Where files go'",
+        "Cache root. Else $FLASHINFER_WORKSPACE_DIR/cute_diskcache, else "
+        "${FLASHINFER_WORKSPACE_BASE:-~}/.cache/flashinfer/cute_diskcache when flashinfer is "
+        "installed, else the platformdirs user cache dir.",
+    ),
+    "target": (
+        "CUTE_DISKCACHE_TARGET",
+        "unset",
+        "Name of a device profile (rtx-pro-6000, rtx-5090, ...) to compile for a card that is not present.",
+    ),
+    "readonly": ("CUTE_DISKCACHE_READONLY", "0", "1 serves hits but never writes; misses compile in memory."),
+}
+
+
+def _flashinfer_cache_dir() -> Path | None:
+    """flashinfer's cache home (``$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer``), or None.
+
+    We compute it as ``flashinfer.jit.env`` documents instead of importing that module: the
+    import pulls in all of flashinfer (and on some versions queries the GPU). We stop at the
+    version-independent level on purpose: flashinfer's per-version leaf
+    (``<version>/<archs>``) would orphan every entry on upgrade, and our namespaces already
+    separate versions and arches.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("flashinfer") is None:
+        return None
+    base = os.environ.get("FLASHINFER_WORKSPACE_BASE") or str(Path.home())
+    return Path(base) / ".cache" / "flashinfer"
+
+
+def resolve_root() -> tuple[Path, str]:
+    """Return the cache root and which rule chose it (shown by ``cute-diskcache stats``)."""
+    explicit = os.environ.get("CUTE_DISKCACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser(), "CUTE_DISKCACHE_DIR"
+    ws = os.environ.get("FLASHINFER_WORKSPACE_DIR")
+    if ws:
+        return Path(ws).expanduser() / "cute_diskcache", "FLASHINFER_WORKSPACE_DIR"
+    fi_cache = _flashinfer_cache_dir()
+    if fi_cache is not None:
+        return fi_cache / "cute_diskcache", "flashinfer cache dir"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("cute-diskcache", appauthor=False)), "user cache dir"
+
+
+def load() -> Settings:
+    """Read the environment now."""
+    root, source = resolve_root()
+    return Settings(
+        enabled=env_flag(ENABLE_ENV),
+        root=root,
+        root_source=source,
+        target=os.environ.get("CUTE_DISKCACHE_TARGET") or None,
+        readonly=env_flag("CUTE_DISKCACHE_READONLY"),
+    )

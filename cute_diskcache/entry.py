@@ -1,0 +1,381 @@
+"""The artifact: what one cache entry holds on disk, how it is written and how it is checked.
+
+An entry is a directory ``<digest>/`` with content-addressed payload files and a msgpack
+manifest. The manifest is written last and is the commit marker: payload names carry their own
+sha256 prefix, so two writers racing on one key never overwrite each other's bytes under a name
+a manifest already points to, and a reader that found a manifest finds every payload it names.
+
+Payloads:
+  ``object``  the exported object (host launch code + embedded cubin), what gets loaded;
+  ``cubin``   each embedded cubin on its own, for ``cuobjdump`` and the driver-floor benchmark;
+  ``mlir``    the kernel's MLIR text, zlib-compressed, for ``cute-diskcache show --mlir``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import socket
+import struct
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import msgpack
+
+from . import _version
+from .key import FORMAT_VERSION, CacheKey
+
+log = logging.getLogger("cute_diskcache")
+
+MANIFEST = "manifest.msgpack"
+_MAX_MANIFEST_BYTES = 1 << 20
+_MAX_PAYLOAD_BYTES = 1 << 30
+_ROLES = ("object", "cubin", "mlir")
+
+
+class EntryError(Exception):
+    """An entry on disk is unusable; ``reason`` is a short word for logs and quarantine names."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class Artifact:
+    """What a compile produced, in memory, before it is written."""
+
+    object_bytes: bytes
+    symbol: str
+    tvm_ffi: bool
+    cubins: list[bytes]
+    mlir_text: str | None
+    compile_seconds: float
+    export_seconds: float
+    extra: dict[str, Any]
+
+
+def symbol_for(digest: str) -> str:
+    """A C identifier unique to the entry, so many objects can live in one process."""
+    return f"cdc_{digest[:24]}"
+
+
+def export(compiled: Any, digest: str, compile_seconds: float, extra: dict[str, Any] | None = None) -> Artifact:
+    """Turn a ``cute.compile`` result into bytes with the DSL's own exporters.
+
+    ``--enable-tvm-ffi`` compiles export through ``export_to_c`` (an object whose
+    ``__tvm_ffi_<symbol>`` entry ``load_module(..., enable_tvm_ffi=True)`` finds); the others
+    through ``dump_to_object``.
+    """
+    import tempfile
+
+    t0 = time.perf_counter()
+    symbol = symbol_for(digest)
+    tvm_ffi = hasattr(compiled, "__tvm_ffi_object__") or "TVMFFI" in type(compiled).__name__
+    if tvm_ffi:
+        with tempfile.TemporaryDirectory(prefix="cute_diskcache-") as tmp:
+            path = os.path.join(tmp, "kernel.o")
+            compiled.export_to_c(path, function_name=symbol)
+            with open(path, "rb") as fh:
+                obj = fh.read()
+    else:
+        obj = compiled.dump_to_object(symbol)
+    ir_module = getattr(compiled, "ir_module", None)
+    cubins = cubins_in(obj)
+    mlir_text = str(ir_module) if ir_module is not None else None
+    return Artifact(
+        object_bytes=obj,
+        symbol=symbol,
+        tvm_ffi=tvm_ffi,
+        cubins=cubins,
+        mlir_text=mlir_text,
+        compile_seconds=compile_seconds,
+        export_seconds=time.perf_counter() - t0,
+        extra=dict(extra or {}),
+    )
+
+
+_EM_CUDA = 190
+
+
+def _elf_end(buf: bytes, at: int) -> int | None:
+    """End offset of a CUDA ELF image starting at ``at`` (headers and every section), or None."""
+    try:
+        machine = struct.unpack_from("<H", buf, at + 18)[0]
+        phoff, shoff = struct.unpack_from("<QQ", buf, at + 32)
+        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", buf, at + 54)
+        if machine != _EM_CUDA or shnum == 0 or shentsize < 64:
+            return None
+        end = max(shoff + shentsize * shnum, phoff + phentsize * phnum)
+        for i in range(shnum):
+            sh = at + shoff + i * shentsize
+            sh_type = struct.unpack_from("<I", buf, sh + 4)[0]
+            sh_offset, sh_size = struct.unpack_from("<QQ", buf, sh + 24)
+            if sh_type != 8:  # SHT_NOBITS occupies no file bytes
+                end = max(end, sh_offset + sh_size)
+    except struct.error:
+        return None
+    return at + end if at + end <= len(buf) else None
+
+
+def cubins_in(obj: bytes) -> list[bytes]:
+    """The cubins embedded in an exported object: ELF images whose machine is EM_CUDA.
+
+    The DSL lowers ``gpu.binary`` into an LLVM global before we see the module, so the object
+    is the one place every DSL version leaves the cubin; reading it back from there needs
+    nothing but the ELF header.
+    """
+    found: list[bytes] = []
+    start = 1  # the object itself is the host ELF at offset 0
+    while True:
+        at = obj.find(b"\x7fELF\x02\x01", start)
+        if at < 0 or at + 64 > len(obj):
+            return found
+        end = _elf_end(obj, at)
+        if end is not None:
+            found.append(obj[at:end])
+            start = end
+        else:
+            start = at + 1
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+# --------------------------------------------------------------------------------------------
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _temp_name(final: Path) -> Path:
+    # pid alone collides across containers sharing a volume; host + random does not.
+    return final.with_name(f".tmp.{final.name}.{socket.gethostname()}.{os.getpid()}.{os.urandom(6).hex()}")
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write-to-temp, fsync, ``os.replace``: the name either holds all the bytes or none."""
+    tmp = _temp_name(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def build_manifest(key: CacheKey, art: Artifact, payloads: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    return {
+        "format": FORMAT_VERSION,
+        "digest": key.digest,
+        "namespace": key.env.namespace,
+        "env": key.env.as_dict(),
+        "env_digest": key.env.digest,
+        "site": key.site,
+        "key_bytes": key.key_bytes,
+        "key_repr": repr(key.site_key)[:4000],
+        "options": repr(key.options),
+        "symbol": art.symbol,
+        "tvm_ffi": art.tvm_ffi,
+        "payloads": payloads,
+        "compile_seconds": round(art.compile_seconds, 4),
+        "export_seconds": round(art.export_seconds, 4),
+        "created": time.time(),
+        "host": socket.gethostname(),
+        "writer": f"cute-diskcache {_version.__version__}",
+        "extra": art.extra,
+    }
+
+
+def write(entry_dir: Path, key: CacheKey, art: Artifact) -> dict[str, Any]:
+    """Write payloads then the manifest into ``entry_dir``; returns the manifest."""
+    entry_dir.mkdir(parents=True, exist_ok=True)
+    blobs: list[tuple[str, str, bytes]] = [("object", "o", art.object_bytes)]
+    blobs += [("cubin", "cubin", c) for c in art.cubins]
+    if art.mlir_text is not None:
+        blobs.append(("mlir", "mlir.zz", zlib.compress(art.mlir_text.encode(), 6)))
+    payloads: dict[str, list[dict[str, Any]]] = {role: [] for role in _ROLES}
+    for role, ext, data in blobs:
+        digest = _sha(data)
+        name = f"{role}-{digest[:16]}.{ext}"
+        path = entry_dir / name
+        if not path.exists():
+            atomic_write(path, data)
+        payloads[role].append({"file": name, "size": len(data), "sha256": digest})
+    manifest = build_manifest(key, art, payloads)
+    atomic_write(entry_dir / MANIFEST, msgpack.packb(manifest, use_bin_type=True))
+    _fsync_dir(entry_dir)
+    return manifest
+
+
+# --------------------------------------------------------------------------------------------
+# Reading and verifying
+# --------------------------------------------------------------------------------------------
+
+
+def read_manifest(entry_dir: Path) -> dict[str, Any]:
+    """Parse a manifest with hard limits; anything odd is an :class:`EntryError`, never a crash."""
+    path = entry_dir / MANIFEST
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(_MAX_MANIFEST_BYTES + 1)
+    except FileNotFoundError:
+        raise EntryError("absent", str(path)) from None
+    except OSError as exc:
+        raise EntryError("unreadable", f"{path}: {exc}") from None
+    if len(raw) > _MAX_MANIFEST_BYTES:
+        raise EntryError("manifest", "larger than 1 MiB")
+    try:
+        manifest = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise EntryError("manifest", f"undecodable: {type(exc).__name__}") from None
+    if not isinstance(manifest, dict):
+        raise EntryError("manifest", "not a map")
+    _check_types(manifest)
+    return manifest
+
+
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    "format": int,
+    "digest": str,
+    "namespace": str,
+    "env": dict,
+    "env_digest": str,
+    "site": str,
+    "key_bytes": bytes,
+    "symbol": str,
+    "tvm_ffi": bool,
+    "payloads": dict,
+    "compile_seconds": (int, float),
+    "created": (int, float),
+    "extra": dict,
+}
+
+
+def _check_types(manifest: dict[str, Any]) -> None:
+    for name, typ in _FIELD_TYPES.items():
+        if not isinstance(manifest.get(name), typ):
+            raise EntryError("manifest", f"field {name!r} missing or of the wrong type")
+    for role, items in manifest["payloads"].items():
+        if role not in _ROLES or not isinstance(items, list):
+            raise EntryError("manifest", f"unknown payload role {role!r}")
+        for item in items:
+            if not (
+                isinstance(item, dict)
+                and isinstance(item.get("file"), str)
+                and isinstance(item.get("size"), int)
+                and isinstance(item.get("sha256"), str)
+            ):
+                raise EntryError("manifest", f"malformed {role} payload record")
+            name = item["file"]
+            # Names are ours (role-sha.ext): anything path-like is hostile.
+            if "/" in name or "\\" in name or name.startswith(".") or name in ("", MANIFEST):
+                raise EntryError("manifest", f"payload name {name!r} is not a plain file name")
+            if not 0 <= item["size"] <= _MAX_PAYLOAD_BYTES:
+                raise EntryError("manifest", f"payload size {item['size']} out of range")
+    if len(manifest["payloads"].get("object", [])) != 1:
+        raise EntryError("manifest", "exactly one object payload expected")
+
+
+def verify(entry_dir: Path, manifest: dict[str, Any], key: CacheKey | None) -> bytes:
+    """Check the manifest against the expected key and every payload against its checksum.
+
+    Returns the verified object bytes, so what gets loaded is exactly what was checked.
+    ``key`` None (the CLI's ``verify``) checks internal consistency only.
+    """
+    if manifest["format"] != FORMAT_VERSION:
+        raise EntryError("stale", f"format {manifest['format']} != {FORMAT_VERSION}")
+    if manifest["digest"] != entry_dir.name:
+        raise EntryError("foreign", "manifest digest does not match its directory")
+    if key is not None:
+        if manifest["env_digest"] != key.env.digest:
+            theirs, ours = manifest["env"], key.env.as_dict()
+            diff = sorted(k for k in ours if theirs.get(k) != ours.get(k))
+            raise EntryError("stale", f"environment differs in {', '.join(diff) or 'digest'}")
+        if manifest["env"].get("arch") != key.env.arch:
+            raise EntryError("arch", f"built for {manifest['env'].get('arch')}, target is {key.env.arch}")
+        if manifest["key_bytes"] != key.key_bytes or manifest["digest"] != key.digest:
+            raise EntryError("foreign", "entry holds another key")
+    obj: bytes | None = None
+    for role, items in manifest["payloads"].items():
+        for item in items:
+            data = _read_payload(entry_dir / item["file"], item["size"])
+            if _sha(data) != item["sha256"]:
+                raise EntryError("checksum", f"{role} payload {item['file']} does not match its sha256")
+            if role == "object":
+                obj = data
+    assert obj is not None  # _check_types guarantees one object payload
+    return obj
+
+
+def _read_payload(path: Path, size: int) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(size + 1)
+    except FileNotFoundError:
+        raise EntryError("truncated", f"payload {path.name} is missing") from None
+    except OSError as exc:
+        raise EntryError("unreadable", f"{path.name}: {exc}") from None
+    if len(data) != size:
+        raise EntryError("truncated", f"payload {path.name} has {len(data)} bytes, manifest says {size}")
+    return data
+
+
+def load(object_bytes: bytes, symbol: str, tvm_ffi: bool) -> Any:
+    """Load verified object bytes with the DSL's loader and return the callable.
+
+    The bytes go through an anonymous in-memory file where the OS has one, so the code that
+    runs is the code whose checksum was verified, not whatever the path holds a moment later.
+    """
+    from cutlass.cute.runtime import load_module
+
+    loader: Callable[[str], Any] = lambda p: load_module(p, enable_tvm_ffi=tvm_ffi)
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("cute_diskcache_obj", 0)
+        try:
+            view = memoryview(object_bytes)
+            while view:
+                view = view[os.write(fd, view):]
+            module = loader(f"/proc/self/fd/{fd}")
+        finally:
+            os.close(fd)
+    else:  # pragma: no cover - non-Linux
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(suffix=".o", delete=False) as tmp:
+            tmp.write(object_bytes)
+        try:
+            module = loader(tmp.name)
+        finally:
+            os.unlink(tmp.name)
+    return getattr(module, symbol)

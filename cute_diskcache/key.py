@@ -1,0 +1,261 @@
+"""Cache keys: a canonical, injective byte encoding of a call site's key plus its environment.
+
+Two different keys must never share bytes, or a wrong kernel is served. Python's ``repr`` and
+``hash`` are not enough: ``repr`` of a float loses nothing but ``True == 1`` and ``0.0 == -0.0``
+compare equal, and dtype objects have no stable hash across processes. So every element is
+written with an explicit type tag, floats as their IEEE-754 bits, and the tagged tree is packed
+with msgpack, whose output is deterministic for lists, ints, strings and bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import importlib.metadata
+import math
+import os
+import platform
+import struct
+import sys
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Iterable, Mapping
+
+import msgpack
+
+#: Bumped when the encoding or the manifest layout changes; old entries then simply miss.
+FORMAT_VERSION = 1
+
+_NAN_BITS = struct.pack(">d", math.nan)
+
+
+class UnkeyableError(TypeError):
+    """A key element has no canonical encoding; the compile is not cached (never guessed)."""
+
+
+def _tag(value: Any, depth: int = 0) -> Any:
+    if depth > 64:
+        raise UnkeyableError("key nested deeper than 64 levels")
+    # bool before int: True must not encode like 1.
+    if value is None:
+        return ["n"]
+    if isinstance(value, bool):
+        return ["b", value]
+    if isinstance(value, enum.Enum):
+        return ["e", _qualname(type(value)), _tag(value.value, depth + 1)]
+    if isinstance(value, int):
+        # msgpack takes 64-bit ints; bigger ones go through their decimal text.
+        return ["i", value] if -(2**63) <= value < 2**64 else ["I", str(value)]
+    if isinstance(value, float):
+        # Bits, not repr: -0.0 and 0.0 differ, every nan is one nan.
+        return ["f", _NAN_BITS if math.isnan(value) else struct.pack(">d", value)]
+    if isinstance(value, str):
+        return ["s", value]
+    if isinstance(value, bytes):
+        return ["y", value]
+    if isinstance(value, tuple):
+        return ["t", [_tag(v, depth + 1) for v in value]]
+    if isinstance(value, list):
+        return ["l", [_tag(v, depth + 1) for v in value]]
+    if isinstance(value, Mapping):
+        items = [(_pack(_tag(k, depth + 1)), _tag(v, depth + 1)) for k, v in value.items()]
+        return ["d", [[k, v] for k, v in sorted(items, key=lambda kv: kv[0])]]
+    if isinstance(value, (frozenset, set)):
+        return ["S", sorted(_pack(_tag(v, depth + 1)) for v in value)]
+    mod = type(value).__module__
+    if mod == "torch" and type(value).__name__ == "dtype":
+        return ["torch.dtype", str(value)]
+    if isinstance(value, type):
+        # cutlass numeric types (cutlass.Float4E2M1FN ...) are classes.
+        return ["type", _qualname(value)]
+    raise UnkeyableError(f"no canonical encoding for {type(value).__module__}.{type(value).__qualname__}")
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _pack(tree: Any) -> bytes:
+    return msgpack.packb(tree, use_bin_type=True)
+
+
+def encode(value: Any) -> bytes:
+    """Canonical bytes of a key element tree; raises :class:`UnkeyableError` if impossible."""
+    return _pack(_tag(value))
+
+
+# --------------------------------------------------------------------------------------------
+# Environment: everything outside the call site's own key that changes the compiled bytes.
+# --------------------------------------------------------------------------------------------
+
+#: DSL variables that change logging, dumping or caching but never the generated code.
+#: Every other ``CUTE_DSL_*`` variable is keyed: an unknown knob costs a miss, never a wrong kernel.
+_NON_CODEGEN_DSL_ENV = frozenset(
+    {
+        "CUTE_DSL_LOG_TO_CONSOLE",
+        "CUTE_DSL_LOG_TO_FILE",
+        "CUTE_DSL_LOG_LEVEL",
+        "CUTE_DSL_PRINT_IR",
+        "CUTE_DSL_PRINT_AFTER_PREPROCESSOR",
+        "CUTE_DSL_SHOW_STACKTRACE",
+        "CUTE_DSL_NO_CACHE",
+        "CUTE_DSL_JIT_CACHE_MAX_ELEMS",
+        "CUTE_DSL_DUMP_DIR",
+        "CUTE_DSL_CACHE_DIR",
+        "CUTE_DSL_KEEP",
+        "CUTE_DSL_KEEP_IR",
+        "CUTE_DSL_KEEP_PTX",
+        "CUTE_DSL_KEEP_CUBIN",
+        "CUTE_DSL_KEEP_SASS",
+        "CUTE_DSL_WARNINGS_IGNORE",
+        "CUTE_DSL_ENABLE_OPTIMIZATION_WARNINGS",
+        "CUTE_DSL_DISABLE_FILE_CACHING",
+        "CUTE_DSL_JIT_TIME_PROFILING",
+        "CUTE_DSL_ARCH",  # keyed separately, as the target arch
+    }
+)
+
+
+def codegen_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment variables that can change generated code, as a sorted dict."""
+    environ = os.environ if environ is None else environ
+    return {
+        k: environ[k]
+        for k in sorted(environ)
+        if k.startswith("CUTE_DSL_") and k not in _NON_CODEGEN_DSL_ENV
+    }
+
+
+@functools.lru_cache(maxsize=None)
+def dsl_stack() -> tuple[tuple[str, str], ...]:
+    """Every installed ``nvidia-cutlass-dsl*`` distribution and apache-tvm-ffi, with versions.
+
+    Measured: an object built with DSL 4.8.1 fails to load under 4.6.3, and the libs wheels
+    version independently of the front end, so all of them are keyed.
+    """
+    found: dict[str, str] = {}
+    for dist in importlib.metadata.distributions():
+        name = (dist.metadata.get("Name") or "").lower().replace("_", "-")
+        if name.startswith("nvidia-cutlass-dsl") or name == "apache-tvm-ffi":
+            found[name] = dist.version
+    return tuple(sorted(found.items()))
+
+
+def dsl_stack_string(stack: Iterable[tuple[str, str]] | None = None) -> str:
+    return ",".join(f"{n}=={v}" for n, v in (dsl_stack() if stack is None else stack))
+
+
+def current_arch() -> str:
+    """The arch the DSL will compile for: ``CUTE_DSL_ARCH``, else the DSL's own detection."""
+    arch = os.environ.get("CUTE_DSL_ARCH")
+    if arch:
+        return arch
+    try:
+        from cutlass.base_dsl.env_manager import detect_gpu_arch
+
+        return str(detect_gpu_arch("CUTE_DSL"))
+    except Exception:  # older DSLs; fall back to torch's view of the device
+        import torch
+
+        major, minor = torch.cuda.get_device_capability()
+        return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
+
+
+@functools.lru_cache(maxsize=None)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+
+
+def source_fingerprint(root: ModuleType, package: str) -> str:
+    """Hash the source of ``root`` and every module of ``package`` it reaches through globals.
+
+    Content and module names only, never absolute paths: a cache copied to another install
+    prefix (another venv, another container layout) must still hit. Reaching modules through
+    globals follows exactly the code a kernel class pulls in (helpers in other subpackages too)
+    without hashing all of flashinfer.
+    """
+    seen: dict[str, ModuleType] = {}
+    todo = [root]
+    while todo:
+        mod = todo.pop()
+        name = getattr(mod, "__name__", "")
+        if name in seen or not (name == package or name.startswith(package + ".")):
+            continue
+        seen[name] = mod
+        for value in list(vars(mod).values()):
+            if isinstance(value, ModuleType):
+                todo.append(value)
+                continue
+            owner = getattr(value, "__module__", None)
+            if isinstance(owner, str) and owner not in seen and owner.startswith(package + "."):
+                owner_mod = sys.modules.get(owner)
+                if owner_mod is not None:
+                    todo.append(owner_mod)
+    h = hashlib.sha256()
+    for name in sorted(seen):
+        path = getattr(seen[name], "__file__", None)
+        if not path or not path.endswith(".py"):
+            continue
+        st = os.stat(path)
+        h.update(name.encode() + b"\0" + _file_digest(path, st.st_size, st.st_mtime_ns).encode() + b"\n")
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What, besides the call site's key, decides the compiled bytes.
+
+    ``namespace`` groups entries that share all of it, so stale ones (another flashinfer, DSL
+    or arch) can be pruned as a whole and a listing reads like ccache's.
+    """
+
+    kind: str  # which adapter made the key, e.g. "flashinfer-moe"
+    package: str  # e.g. "flashinfer-python==0.6.15.post1"
+    sources: str  # source_fingerprint(...)
+    arch: str
+    dsl: tuple[tuple[str, str], ...] = field(default_factory=dsl_stack)
+    codegen_env: tuple[tuple[str, str], ...] = field(default_factory=lambda: tuple(codegen_env().items()))
+    machine: str = field(default_factory=platform.machine)  # host code: x86_64 vs aarch64 (DGX Spark)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT_VERSION,
+            "kind": self.kind,
+            "package": self.package,
+            "sources": self.sources,
+            "arch": self.arch,
+            "dsl": [list(p) for p in self.dsl],
+            "codegen_env": [list(p) for p in self.codegen_env],
+            "machine": self.machine,
+        }
+
+    @functools.cached_property
+    def digest(self) -> str:
+        return hashlib.sha256(encode(self.as_dict())).hexdigest()
+
+    @property
+    def namespace(self) -> str:
+        """Readable and unique: ``flashinfer-moe-0.6.15.post1-sm_120a-x86_64-<hash12>``."""
+        version = self.package.split("==")[-1]
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in f"{self.kind}-{version}-{self.arch}-{self.machine}")
+        return f"{safe}-{self.digest[:12]}"
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """A call site's own key, its compile options, and the environment: one entry."""
+
+    env: Environment
+    site: str
+    site_key: Any
+    options: Any = None
+
+    @functools.cached_property
+    def key_bytes(self) -> bytes:
+        return encode([self.site, self.site_key, self.options])
+
+    @functools.cached_property
+    def digest(self) -> str:
+        return hashlib.sha256(bytes.fromhex(self.env.digest) + self.key_bytes).hexdigest()

@@ -1,0 +1,158 @@
+"""Device profiles: compile for a card that is not in the machine.
+
+An image build box, a CI runner or a laptop has no RTX PRO 6000 but must produce exactly the
+kernels one would. The DSL itself compiles for any arch named in ``CUTE_DSL_ARCH``; what is
+missing is the handful of device queries the compile sites make (SM count, capability, max
+active clusters, the current stream). A profile answers them with the card's real values.
+
+With a GPU present and no profile asked for, nothing here runs: real queries, real answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+log = logging.getLogger("cute_diskcache")
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """The facts a compile may read from a device, for one named card."""
+
+    name: str
+    device_name: str
+    arch: str  # CUTE_DSL_ARCH
+    capability: tuple[int, int]
+    sm_count: int
+    # cudaOccupancyMaxActiveClusters for cluster size 1 with max opt-in shared memory: one
+    # cluster per SM on these parts, which is what flashinfer's dispatch reads.
+    max_active_clusters_1: int
+    max_shared_memory_per_multiprocessor: int
+    max_shared_memory_per_block_optin: int
+    total_memory: int
+
+    def max_active_clusters(self, cluster_size: int) -> int:
+        return max(1, self.max_active_clusters_1 // max(1, cluster_size))
+
+    def facts(self) -> dict[str, Any]:
+        """What gets recorded in a manifest as the device a kernel was built against."""
+        d = asdict(self)
+        d["capability"] = list(self.capability)
+        return d
+
+
+_SM120_SMEM = dict(max_shared_memory_per_multiprocessor=102400, max_shared_memory_per_block_optin=101376)
+_GiB = 1 << 30
+
+PROFILES: dict[str, DeviceProfile] = {
+    p.name: p
+    for p in (
+        DeviceProfile("rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell Server Edition", "sm_120a", (12, 0), 188, 188, total_memory=96 * _GiB, **_SM120_SMEM),
+        DeviceProfile("rtx-5090", "NVIDIA GeForce RTX 5090", "sm_120a", (12, 0), 170, 170, total_memory=32 * _GiB, **_SM120_SMEM),
+        DeviceProfile("rtx-5080", "NVIDIA GeForce RTX 5080", "sm_120a", (12, 0), 84, 84, total_memory=16 * _GiB, **_SM120_SMEM),
+        DeviceProfile("rtx-5070-ti", "NVIDIA GeForce RTX 5070 Ti", "sm_120a", (12, 0), 70, 70, total_memory=16 * _GiB, **_SM120_SMEM),
+        DeviceProfile("dgx-spark", "NVIDIA GB10", "sm_121a", (12, 1), 48, 48, total_memory=128 * _GiB, **_SM120_SMEM),
+        DeviceProfile(
+            "h200",
+            "NVIDIA H200",
+            "sm_90a",
+            (9, 0),
+            132,
+            132,
+            max_shared_memory_per_multiprocessor=233472,
+            max_shared_memory_per_block_optin=232448,
+            total_memory=141 * _GiB,
+        ),
+    )
+}
+
+DEFAULT_PROFILE = "rtx-pro-6000"
+
+
+class UnknownProfileError(ValueError):
+    pass
+
+
+def get(name: str) -> DeviceProfile:
+    try:
+        return PROFILES[name.lower().replace("_", "-")]
+    except KeyError:
+        raise UnknownProfileError(f"unknown target profile {name!r}; known: {', '.join(PROFILES)}") from None
+
+
+class _Props:
+    """Stands in for ``torch.cuda.get_device_properties``'s result."""
+
+    def __init__(self, p: DeviceProfile) -> None:
+        self.name = p.device_name
+        self.major, self.minor = p.capability
+        self.multi_processor_count = p.sm_count
+        self.total_memory = p.total_memory
+        self.shared_memory_per_multiprocessor = p.max_shared_memory_per_multiprocessor
+        self.shared_memory_per_block_optin = p.max_shared_memory_per_block_optin
+        self.max_shared_memory_per_block_optin = p.max_shared_memory_per_block_optin
+        self.warp_size = 32
+        self.is_integrated = p.name == "dgx-spark"
+        self.is_multi_gpu_board = False
+
+    def __repr__(self) -> str:
+        return f"_CudaDeviceProperties(name={self.name!r}, major={self.major}, minor={self.minor}, multi_processor_count={self.multi_processor_count}, profile=True)"
+
+
+class _Stream:
+    cuda_stream = 0  # the legacy default stream; compile-time only, never launched on
+    device = None
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait_stream(self, *_: Any, **__: Any) -> None:
+        pass
+
+
+_active: DeviceProfile | None = None
+
+
+def active() -> DeviceProfile | None:
+    """The profile this process compiles for, if one was applied."""
+    return _active
+
+
+def apply(profile: DeviceProfile | str) -> DeviceProfile:
+    """Make this process compile for ``profile``: set the arch and answer torch's device queries.
+
+    Must run before flashinfer is imported (it queries the device at import time). Applying
+    a second, different profile is refused: half the kernels would be built for one card and
+    half for another.
+    """
+    global _active
+    p = get(profile) if isinstance(profile, str) else profile
+    if _active is not None:
+        if _active != p:
+            raise RuntimeError(f"target profile {_active.name} already applied; cannot switch to {p.name}")
+        return p
+    arch = os.environ.get("CUTE_DSL_ARCH")
+    if arch and arch != p.arch:
+        raise RuntimeError(f"CUTE_DSL_ARCH={arch} contradicts target profile {p.name} ({p.arch})")
+    os.environ["CUTE_DSL_ARCH"] = p.arch
+
+    import torch
+
+    props = _Props(p)
+    tc = torch.cuda
+    tc.get_device_properties = lambda device=None: props
+    tc.get_device_capability = lambda device=None: p.capability
+    tc.get_device_name = lambda device=None: p.device_name
+    tc.current_stream = lambda device=None: _Stream()
+    tc.is_current_stream_capturing = lambda: False
+    _active = p
+    log.info("compiling for target profile %s (%s, %d SMs)", p.name, p.arch, p.sm_count)
+    return p
+
+
+def apply_from_env() -> DeviceProfile | None:
+    name = os.environ.get("CUTE_DISKCACHE_TARGET")
+    return apply(name) if name else None
