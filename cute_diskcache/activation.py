@@ -24,6 +24,7 @@ _WATCHED = ("flashinfer", MOE_DISPATCH)
 _lock = threading.RLock()
 _finder: "_Finder | None" = None
 _profile_name: str | None = None
+_cache_on = False
 
 
 class _Loader(importlib.abc.Loader):
@@ -41,7 +42,7 @@ class _Loader(importlib.abc.Loader):
             _apply_profile()  # flashinfer queries the device while it imports
         self._real.exec_module(module)
         if self._fullname == MOE_DISPATCH:
-            _patch(module)
+            _attach(module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, is_package, resource readers...
         return getattr(self._real, name)
@@ -74,13 +75,42 @@ def _apply_profile() -> None:
     targets.apply(_profile_name)
 
 
-def _patch(module: ModuleType) -> None:
+def _attach(module: ModuleType) -> None:
     try:
         from . import flashinfer_sites
 
-        flashinfer_sites.patch(module)
+        flashinfer_sites.apply_profile(module)
+        if _cache_on:
+            flashinfer_sites.patch(module)
     except Exception as exc:  # never break flashinfer's import because of the cache
         log.warning("cute-diskcache could not attach to flashinfer (%s); running uncached", exc)
+
+
+def _ensure_finder() -> None:
+    global _finder
+    if _finder is None:
+        _finder = _Finder()
+        sys.meta_path.insert(0, _finder)
+
+
+def set_target(name: str | None) -> None:
+    """Compile for the device profile ``name`` (no cache implied); must precede flashinfer's import."""
+    global _profile_name
+    if name is None:
+        return
+    from . import targets
+
+    with _lock:
+        targets.get(name)  # unknown names fail here, loudly
+        _profile_name = name
+        if "flashinfer" in sys.modules:
+            if targets.active() is None:
+                log.warning("target profile %s applied after flashinfer was imported; import-time queries saw the real device", name)
+            _apply_profile()
+        _ensure_finder()
+        module = sys.modules.get(MOE_DISPATCH)
+        if module is not None:
+            _attach(module)
 
 
 def install(target: str | None = None) -> None:
@@ -91,31 +121,22 @@ def install(target: str | None = None) -> None:
     """
     import os
 
-    global _finder, _profile_name
+    global _cache_on
     with _lock:
-        name = target or os.environ.get("CUTE_DISKCACHE_TARGET") or None
-        if name is not None:
-            from . import targets
-
-            targets.get(name)  # unknown names fail here, loudly
-            _profile_name = name
-            if "flashinfer" in sys.modules:
-                if targets.active() is None:
-                    log.warning("target profile %s applied after flashinfer was imported; import-time queries saw the real device", name)
-                _apply_profile()
-        if _finder is None:
-            _finder = _Finder()
-            sys.meta_path.insert(0, _finder)
+        _cache_on = True
+        set_target(target or os.environ.get("CUTE_DISKCACHE_TARGET") or None)
+        _ensure_finder()
         module = sys.modules.get(MOE_DISPATCH)
         if module is not None:
-            _patch(module)
+            _attach(module)
 
 
 def uninstall() -> None:
     """Detach: remove the import hook and restore moe_dispatch's own ``cute``."""
-    global _finder
+    global _finder, _cache_on
     with _lock:
-        if _finder is not None:
+        _cache_on = False
+        if _finder is not None and _profile_name is None:
             try:
                 sys.meta_path.remove(_finder)
             except ValueError:
@@ -129,4 +150,4 @@ def uninstall() -> None:
 
 
 def installed() -> bool:
-    return _finder is not None
+    return _cache_on

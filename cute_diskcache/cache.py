@@ -43,6 +43,8 @@ class CompileCache:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.counters = Counters()
+        # (site, digest, "hit" | "miss", seconds), in order: what the bench and tests read.
+        self.events: list[tuple[str, str, str, float]] = []
         self._lock = threading.Lock()
 
     def get_or_compile(
@@ -73,6 +75,7 @@ class CompileCache:
                     self.counters.hits += 1
                     self.counters.load_seconds += dt
                     self.counters.saved_seconds += float(manifest["compile_seconds"])
+                    self.events.append((key.site, key.digest, "hit", dt))
                 log.debug("hit %s %s in %.2f ms", key.site, key.digest[:12], dt * 1e3)
                 return kernel, dict(manifest["extra"])
         return self._compile_and_commit(key, compile_fn, extra_fn)
@@ -91,6 +94,7 @@ class CompileCache:
             self.counters.misses += 1
             self.counters.compiles += 1
             self.counters.compile_seconds += seconds
+            self.events.append((key.site, key.digest, "miss", seconds))
         wrote = False
         if self.store.writable:
             try:

@@ -140,7 +140,6 @@ def patch(md: ModuleType) -> bool:
     with _lock:
         if isinstance(md.__dict__.get("cute"), _CuteProxy):
             return _covered(md)
-        _apply_profile_to_flashinfer(md)
         real = md.__dict__.get("cute")
         if real is None:
             log.debug("moe_dispatch has no 'cute' global; nothing to patch")
@@ -170,7 +169,7 @@ def unpatch(md: ModuleType) -> None:
             md.cute = proxy.__dict__["_cdc_real"]
 
 
-def _apply_profile_to_flashinfer(md: ModuleType) -> None:
+def apply_profile(md: ModuleType) -> None:
     """With a target profile, answer flashinfer's max-active-clusters probe from the profile.
 
     The DSL's probe launches an occupancy query on the driver, which a box without the card
@@ -187,3 +186,89 @@ def _apply_profile_to_flashinfer(md: ModuleType) -> None:
     for mod in (utils, md):
         if mod is not None and hasattr(mod, "get_max_active_clusters"):
             mod.get_max_active_clusters = get_max_active_clusters
+
+
+# --------------------------------------------------------------------------------------------
+# Driving flashinfer's own dispatch, the way a serving engine does, to make it compile.
+# --------------------------------------------------------------------------------------------
+
+
+def kernel_cache_sizes() -> dict[str, int]:
+    """How many kernels moe_dispatch holds in memory, per kind (0.6.x layout)."""
+    md = sys.modules.get(MOE_DISPATCH)
+    names = {"micro": "_MICRO_KERNEL_CACHE", "static": "_STATIC_KERNEL_CACHE", "dynamic": "_DYNAMIC_KERNEL_CACHE"}
+    return {kind: len(getattr(md, attr, {}) or {}) for kind, attr in names.items()} if md else {}
+
+
+def dispatch(
+    num_experts: int,
+    top_k: int,
+    hidden_size: int,
+    intermediate_size: int,
+    ms: list[int],
+    *,
+    max_num_tokens: int = 4096,
+    activation: str = "silu",
+) -> list[dict[str, Any]]:
+    """Run ``B12xMoEWrapper`` (as vLLM configures it: ``use_cuda_graph=True``) for each m.
+
+    Selection, workspace sizing and the compile calls are flashinfer's own; we only feed it.
+    Weights are zeros: compiles depend on shapes, never on values. Without a GPU the tensors
+    live on the CPU, every kernel compiles for the target profile, and the launch that follows
+    is refused by the kernel's own argument check; that refusal is recorded, not raised.
+    """
+    import time
+
+    import torch
+    from flashinfer.cute_dsl.utils import convert_sf_to_mma_layout
+    from flashinfer.fused_moe.cute_dsl.b12x_moe import B12xMoEWrapper
+    from flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_activation import is_gated_activation
+
+    device = "cuda" if torch.cuda.is_available() and targets.active() is None else "cpu"
+    E, k, n = num_experts, hidden_size, intermediate_size
+    w1_rows = (2 if is_gated_activation(activation) else 1) * n
+
+    def scale(rows: int, cols: int) -> torch.Tensor:
+        m_pad = (rows + 127) // 128 * 128
+        kb = ((cols // 16) + 3) // 4 * 4
+        flat = torch.zeros(E * m_pad * kb, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+        return convert_sf_to_mma_layout(flat, m=rows, k=cols, num_groups=E)
+
+    w1 = torch.zeros(E, w1_rows, k // 2, dtype=torch.uint8, device=device)
+    w2 = torch.zeros(E, k, n // 2, dtype=torch.uint8, device=device)
+    w1_sf, w2_sf = scale(w1_rows, k), scale(k, n)
+    ones = torch.ones(E, dtype=torch.float32, device=device)
+    wrapper = B12xMoEWrapper(
+        num_experts=E,
+        top_k=top_k,
+        hidden_size=k,
+        intermediate_size=n,
+        use_cuda_graph=True,
+        max_num_tokens=max_num_tokens,
+        device=device,
+        activation=activation,
+    )
+    records = []
+    for m in ms:
+        x = torch.zeros(m, k, dtype=torch.bfloat16, device=device)
+        ids = (torch.arange(m * top_k, dtype=torch.int32, device=device) % E).view(m, top_k)
+        weights = torch.full((m, top_k), 1.0 / top_k, dtype=torch.float32, device=device)
+        before = kernel_cache_sizes()
+        t0 = time.perf_counter()
+        launch_error = None
+        try:
+            wrapper.run(x, w1, w1_sf, w2, w2_sf, ids, weights, w1_alpha=ones, w2_alpha=ones, fc2_input_scale=ones)
+        except Exception as exc:  # expected without a GPU: the kernel refuses CPU tensors
+            if device == "cuda":
+                raise
+            launch_error = f"{type(exc).__name__}: {exc}"
+        after = kernel_cache_sizes()
+        records.append(
+            {
+                "m": m,
+                "seconds": time.perf_counter() - t0,
+                "new_kernels": {kind: after[kind] - before.get(kind, 0) for kind in after if after[kind] - before.get(kind, 0)},
+                "launch_error": launch_error,
+            }
+        )
+    return records
