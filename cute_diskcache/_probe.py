@@ -8,8 +8,43 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
+
+
+def run(
+    root: Path | str,
+    ms: list[int] | tuple[int, ...],
+    *,
+    target: str | None = "rtx-pro-6000",
+    shape: str | None = None,
+    args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 900,
+) -> dict[str, Any]:
+    """Run one probe in a fresh interpreter on cache root ``root``; return its JSON report.
+
+    The child gets the parent's environment minus every cute-diskcache variable, so an
+    operator's settings never leak into a measurement.
+    """
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_DISKCACHE_") and k != "FLASHINFER_B12X_DISK_CACHE"}
+    child_env["CUTE_DISKCACHE_DIR"] = str(root)
+    child_env.update(env or {})
+    cmd = [sys.executable, "-m", "cute_diskcache._probe", "--m", *map(str, ms), *args]
+    if target:
+        cmd += ["--target", target]
+    if shape:
+        cmd += ["--shape", shape]
+    proc = subprocess.run(cmd, env=child_env, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"probe exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    report["stderr"] = proc.stderr
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,12 +73,20 @@ def main(argv: list[str] | None = None) -> int:
     from cute_diskcache import flashinfer_sites
     from cute_diskcache.cache import default_cache
 
+    # flashinfer's first current_cuda_stream() imports torch._dynamo (~1 s): pay it before
+    # the measured calls so per-m seconds are compile or load time, with or without the cache.
+    t0 = time.perf_counter()
+    from flashinfer.cute_dsl.utils import current_cuda_stream
+
+    current_cuda_stream()
+    warmup_s = time.perf_counter() - t0
     E, topk, k, n = (int(v) for v in args.shape.split(","))
     records = flashinfer_sites.dispatch(E, topk, k, n, args.m, max_num_tokens=args.max_num_tokens, activation=args.activation)
     cache = default_cache()
     out = {
         "target": targets.active().name if targets.active() else None,
         "import_seconds": import_s,
+        "warmup_seconds": warmup_s,
         "records": records,
         "kernels": flashinfer_sites.kernel_cache_sizes(),
         "counters": cute_diskcache.counters(),

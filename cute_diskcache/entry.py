@@ -351,6 +351,27 @@ def _read_payload(path: Path, size: int) -> bytes:
     return data
 
 
+def preload_runtime() -> float:
+    """dlopen the DSL runtime libraries that ``load_module`` needs, once per process.
+
+    The first ``load_module`` in a process pays ~2 ms to dlopen ``libcute_dsl_runtime``;
+    doing it when the adapter attaches (engine start) keeps that off the first request that
+    needs a kernel. Later dlopens of the same path are reference-count bumps. Returns seconds.
+    """
+    import ctypes
+
+    t0 = time.perf_counter()
+    try:
+        from cutlass.cute.runtime import find_runtime_libraries
+
+        for path in find_runtime_libraries(enable_tvm_ffi=True):
+            if os.path.exists(path):
+                ctypes.CDLL(path)
+    except Exception as exc:  # optional optimisation only
+        log.debug("runtime preload skipped: %s", exc)
+    return time.perf_counter() - t0
+
+
 def load(object_bytes: bytes, symbol: str, tvm_ffi: bool) -> Any:
     """Load verified object bytes with the DSL's loader and return the callable.
 

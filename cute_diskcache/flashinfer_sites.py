@@ -98,10 +98,13 @@ class _Compile:
         try:
             key = CacheKey(self._env_fn(), f"flashinfer.moe_dispatch.{kind}", site_key, kwargs.get("options"))
             key.digest  # noqa: B018 - encode now, so an unkeyable element is caught here
+            cache: CompileCache = self._cache_fn()
         except UnkeyableError as exc:
             log.warning("not caching %s kernel: %s", kind, exc)
             return self._real(*args, **kwargs)
-        cache: CompileCache = self._cache_fn()
+        except Exception as exc:  # environment or settings trouble: run uncached, say why
+            log.error("cute-diskcache disabled for this %s compile: %s: %s", kind, type(exc).__name__, exc)
+            return self._real(*args, **kwargs)
         kernel, _extra = cache.get_or_compile(key, lambda: self._real(*args, **kwargs))
         return kernel
 
@@ -149,10 +152,30 @@ def patch(md: ModuleType) -> bool:
         proxy = _CuteProxy(real, _Compile(real.compile, sites, lambda: _environment(md.__name__), default_cache))
         md.cute = proxy
         if covered:
+            _warm_up(md)
             log.debug("cute-diskcache covers moe_dispatch sites %s", ", ".join(SITES))
         else:
             log.debug("flashinfer %s: moe_dispatch sites left to flashinfer", flashinfer_version())
         return covered
+
+
+def _warm_up(md: ModuleType) -> None:
+    """Do the once-per-process work now, at engine start, instead of on the first request.
+
+    Hashing the kernel sources, listing the DSL distributions and dlopening the DSL runtime
+    cost ~10 ms together. The target arch is NOT resolved here: without CUTE_DSL_ARCH that
+    queries the CUDA driver, and initialising CUDA in a process that may fork workers later
+    (an engine's front end) breaks CUDA in the children.
+    """
+    from .entry import preload_runtime
+    from .key import dsl_stack
+
+    try:
+        dsl_stack()
+        source_fingerprint(md, "flashinfer")
+        preload_runtime()
+    except Exception as exc:  # only an optimisation; the first compile site retries
+        log.debug("warm-up skipped: %s", exc)
 
 
 def _covered(md: ModuleType) -> bool:

@@ -189,7 +189,7 @@ def source_fingerprint(root: ModuleType, package: str) -> str:
                 todo.append(value)
                 continue
             owner = getattr(value, "__module__", None)
-            if isinstance(owner, str) and owner not in seen and owner.startswith(package + "."):
+            if isinstance(owner, str) and owner not in seen and (owner == package or owner.startswith(package + ".")):
                 owner_mod = sys.modules.get(owner)
                 if owner_mod is not None:
                     todo.append(owner_mod)
