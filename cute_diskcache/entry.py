@@ -252,6 +252,10 @@ def read_manifest(entry_dir: Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise EntryError("absent", str(path)) from None
     except OSError as exc:
+        if not os.path.lexists(entry_dir):
+            # A parent is a file or cannot be searched: no entry here to reject; a root that
+            # cannot exist is the write side's one warning, not one warning per lookup.
+            raise EntryError("absent", f"{path}: {exc}") from None
         raise EntryError("unreadable", f"{path}: {exc}") from None
     if len(raw) > _MAX_MANIFEST_BYTES:
         raise EntryError("manifest", "larger than 1 MiB")
@@ -299,7 +303,7 @@ def _check_types(manifest: dict[str, Any]) -> None:
                 raise EntryError("manifest", f"malformed {role} payload record")
             name = item["file"]
             # Names are ours (role-sha.ext): anything path-like is hostile.
-            if "/" in name or "\\" in name or name.startswith(".") or name in ("", MANIFEST):
+            if "/" in name or "\\" in name or "\0" in name or name.startswith(".") or name in ("", MANIFEST):
                 raise EntryError("manifest", f"payload name {name!r} is not a plain file name")
             if not 0 <= item["size"] <= _MAX_PAYLOAD_BYTES:
                 raise EntryError("manifest", f"payload size {item['size']} out of range")
@@ -318,12 +322,14 @@ def verify(entry_dir: Path, manifest: dict[str, Any], key: CacheKey | None) -> b
     if manifest["digest"] != entry_dir.name:
         raise EntryError("foreign", "manifest digest does not match its directory")
     if key is not None:
+        # Arch first: it is part of the environment digest too, and "arch" is the reason an
+        # operator needs to read (a cache copied between sm_120a and sm_121a boxes).
+        if manifest["env"].get("arch") != key.env.arch:
+            raise EntryError("arch", f"built for {manifest['env'].get('arch')}, target is {key.env.arch}")
         if manifest["env_digest"] != key.env.digest:
             theirs, ours = manifest["env"], key.env.as_dict()
             diff = sorted(k for k in ours if theirs.get(k) != ours.get(k))
             raise EntryError("stale", f"environment differs in {', '.join(diff) or 'digest'}")
-        if manifest["env"].get("arch") != key.env.arch:
-            raise EntryError("arch", f"built for {manifest['env'].get('arch')}, target is {key.env.arch}")
         if manifest["key_bytes"] != key.key_bytes or manifest["digest"] != key.digest:
             raise EntryError("foreign", "entry holds another key")
     obj: bytes | None = None

@@ -15,12 +15,13 @@ the same kernel.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
 import threading
 from types import ModuleType
-from typing import Any
+from typing import Any, Iterator
 
 from . import targets
 from .cache import CompileCache, default_cache
@@ -105,11 +106,38 @@ class _Compile:
         except Exception as exc:  # environment or settings trouble: run uncached, say why
             log.error("cute-diskcache disabled for this %s compile: %s: %s", kind, type(exc).__name__, exc)
             return self._real(*args, **kwargs)
+        if _plan is not None:
+            _plan.append({"kind": kind, "digest": key.digest, "key": key})
+            return _planned_kernel
         kernel, _extra = cache.get_or_compile(key, lambda: self._real(*args, **kwargs))
         return kernel
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
+
+
+#: While planning (see :func:`planning`), sites record their key here instead of compiling.
+_plan: list[dict[str, Any]] | None = None
+
+
+def _planned_kernel(*_args: Any, **_kwargs: Any) -> None:
+    """What a site gets while planning: a kernel that launches nothing."""
+    return None
+
+
+@contextlib.contextmanager
+def planning() -> Iterator[list[dict[str, Any]]]:
+    """Record every kernel flashinfer asks for, without compiling or launching any.
+
+    flashinfer keeps what a site returns in its in-process caches, so a process that planned
+    must not serve: prewarm plans in a process of its own.
+    """
+    global _plan
+    _plan = []
+    try:
+        yield _plan
+    finally:
+        _plan = None
 
 
 class _CuteProxy(ModuleType):
@@ -173,6 +201,7 @@ def _warm_up(md: ModuleType) -> None:
     try:
         dsl_stack()
         source_fingerprint(md, "flashinfer")
+        default_cache()
         preload_runtime()
     except Exception as exc:  # only an optimisation; the first compile site retries
         log.debug("warm-up skipped: %s", exc)
@@ -223,75 +252,127 @@ def kernel_cache_sizes() -> dict[str, int]:
     return {kind: len(getattr(md, attr, {}) or {}) for kind, attr in names.items()} if md else {}
 
 
-def dispatch(
-    num_experts: int,
-    top_k: int,
-    hidden_size: int,
-    intermediate_size: int,
-    ms: list[int],
-    *,
-    max_num_tokens: int = 4096,
-    activation: str = "silu",
-) -> list[dict[str, Any]]:
-    """Run ``B12xMoEWrapper`` (as vLLM configures it: ``use_cuda_graph=True``) for each m.
+class Dispatcher:
+    """``B12xMoEWrapper`` configured as vLLM configures it (``use_cuda_graph=True``), fed m tokens.
 
     Selection, workspace sizing and the compile calls are flashinfer's own; we only feed it.
     Weights are zeros: compiles depend on shapes, never on values. Without a GPU the tensors
     live on the CPU, every kernel compiles for the target profile, and the launch that follows
     is refused by the kernel's own argument check; that refusal is recorded, not raised.
+    A configuration flashinfer refuses (e.g. expert parallelism on a wrapper without it) raises
+    flashinfer's own error from the constructor.
     """
-    import time
 
-    import torch
-    from flashinfer.cute_dsl.utils import convert_sf_to_mma_layout
-    from flashinfer.fused_moe.cute_dsl.b12x_moe import B12xMoEWrapper
-    from flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_activation import is_gated_activation
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        max_num_tokens: int = 4096,
+        activation: str = "silu",
+        num_local_experts: int | None = None,
+        swiglu_alpha: float = 1.702,
+        swiglu_beta: float = 1.0,
+        swiglu_limit: float | None = None,
+        quant_mode: str = "nvfp4",
+    ) -> None:
+        import torch
+        from flashinfer.cute_dsl.utils import convert_sf_to_mma_layout
+        from flashinfer.fused_moe.cute_dsl.b12x_moe import B12xMoEWrapper
+        from flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_activation import is_gated_activation
 
-    device = "cuda" if torch.cuda.is_available() and targets.active() is None else "cpu"
-    E, k, n = num_experts, hidden_size, intermediate_size
-    w1_rows = (2 if is_gated_activation(activation) else 1) * n
+        device = "cuda" if torch.cuda.is_available() and targets.active() is None else "cpu"
+        E, k, n = num_experts, hidden_size, intermediate_size
+        E_w = num_local_experts or E  # experts whose weights this rank holds
+        w1_rows = (2 if is_gated_activation(activation) else 1) * n
 
-    def scale(rows: int, cols: int) -> torch.Tensor:
-        m_pad = (rows + 127) // 128 * 128
-        kb = ((cols // 16) + 3) // 4 * 4
-        flat = torch.zeros(E * m_pad * kb, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
-        return convert_sf_to_mma_layout(flat, m=rows, k=cols, num_groups=E)
+        def scale(rows: int, cols: int) -> torch.Tensor:
+            m_pad = (rows + 127) // 128 * 128
+            kb = ((cols // 16) + 3) // 4 * 4
+            flat = torch.zeros(E_w * m_pad * kb, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+            return convert_sf_to_mma_layout(flat, m=rows, k=cols, num_groups=E_w)
 
-    w1 = torch.zeros(E, w1_rows, k // 2, dtype=torch.uint8, device=device)
-    w2 = torch.zeros(E, k, n // 2, dtype=torch.uint8, device=device)
-    w1_sf, w2_sf = scale(w1_rows, k), scale(k, n)
-    ones = torch.ones(E, dtype=torch.float32, device=device)
-    wrapper = B12xMoEWrapper(
-        num_experts=E,
-        top_k=top_k,
-        hidden_size=k,
-        intermediate_size=n,
-        use_cuda_graph=True,
-        max_num_tokens=max_num_tokens,
-        device=device,
-        activation=activation,
-    )
-    records = []
-    for m in ms:
+        ones = torch.ones(E_w, dtype=torch.float32, device=device)
+        self._weights = (
+            torch.zeros(E_w, w1_rows, k // 2, dtype=torch.uint8, device=device),
+            scale(w1_rows, k),
+            torch.zeros(E_w, k, n // 2, dtype=torch.uint8, device=device),
+            scale(k, n),
+            ones,
+        )
+        self.wrapper = B12xMoEWrapper(
+            num_experts=E,
+            top_k=top_k,
+            hidden_size=k,
+            intermediate_size=n,
+            use_cuda_graph=True,
+            max_num_tokens=max_num_tokens,
+            device=device,
+            activation=activation,
+            num_local_experts=num_local_experts,
+            swiglu_alpha=swiglu_alpha,
+            swiglu_beta=swiglu_beta,
+            swiglu_limit=swiglu_limit,
+            quant_mode=quant_mode,
+        )
+        self.device, self.E, self.k, self.top_k = device, E, k, top_k
+
+    def run(self, m: int) -> dict[str, Any]:
+        """One ``wrapper.run`` for m tokens; which kernels it added to moe_dispatch's caches."""
+        import time
+
+        import torch
+
+        device, E, k, top_k = self.device, self.E, self.k, self.top_k
+        w1, w1_sf, w2, w2_sf, ones = self._weights
         x = torch.zeros(m, k, dtype=torch.bfloat16, device=device)
         ids = (torch.arange(m * top_k, dtype=torch.int32, device=device) % E).view(m, top_k)
         weights = torch.full((m, top_k), 1.0 / top_k, dtype=torch.float32, device=device)
         before = kernel_cache_sizes()
         t0 = time.perf_counter()
         launch_error = None
-        try:
-            wrapper.run(x, w1, w1_sf, w2, w2_sf, ids, weights, w1_alpha=ones, w2_alpha=ones, fc2_input_scale=ones)
-        except Exception as exc:  # expected without a GPU: the kernel refuses CPU tensors
-            if device == "cuda":
-                raise
-            launch_error = f"{type(exc).__name__}: {exc}"
+        with _cpu_launch_stand_ins(device):
+            try:
+                self.wrapper.run(x, w1, w1_sf, w2, w2_sf, ids, weights, w1_alpha=ones, w2_alpha=ones, fc2_input_scale=ones)
+            except Exception as exc:  # expected without a GPU: the kernel refuses CPU tensors
+                if device == "cuda":
+                    raise
+                launch_error = f"{type(exc).__name__}: {exc}"
         after = kernel_cache_sizes()
-        records.append(
-            {
-                "m": m,
-                "seconds": time.perf_counter() - t0,
-                "new_kernels": {kind: after[kind] - before.get(kind, 0) for kind in after if after[kind] - before.get(kind, 0)},
-                "launch_error": launch_error,
-            }
-        )
-    return records
+        return {
+            "m": m,
+            "seconds": time.perf_counter() - t0,
+            "new_kernels": {kind: after[kind] - before.get(kind, 0) for kind in after if after[kind] - before.get(kind, 0)},
+            "launch_error": launch_error,
+        }
+
+
+def dispatch(num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, ms: list[int], **kwargs: Any) -> list[dict[str, Any]]:
+    """:class:`Dispatcher` over ``ms`` in order; one record per m."""
+    d = Dispatcher(num_experts, top_k, hidden_size, intermediate_size, **kwargs)
+    return [d.run(m) for m in ms]
+
+
+@contextlib.contextmanager
+def _cpu_launch_stand_ins(device: str) -> Iterator[None]:
+    """Without a GPU, skip the Triton routing pre-pass the micro path runs before compiling.
+
+    ``triton_compact.compact_topk_ids`` compacts expert ids on the GPU; it shapes no kernel
+    (compile keys do not see it) but Triton refuses to launch without a driver, which would
+    stop dispatch before the micro kernel for m >= 2 is even requested.
+    """
+    if device != "cpu":
+        yield
+        return
+    import importlib
+
+    tc = importlib.import_module("flashinfer.fused_moe.cute_dsl.blackwell_sm12x.triton_compact")
+    real = getattr(tc, "compact_topk_ids", None)
+    tc.compact_topk_ids = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        if real is not None:
+            tc.compact_topk_ids = real

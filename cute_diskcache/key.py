@@ -174,7 +174,8 @@ def source_fingerprint(root: ModuleType, package: str) -> str:
     Content and module names only, never absolute paths: a cache copied to another install
     prefix (another venv, another container layout) must still hit. Reaching modules through
     globals follows exactly the code a kernel class pulls in (helpers in other subpackages too)
-    without hashing all of flashinfer.
+    without hashing all of flashinfer. Objects defined in the package root count too; a
+    package's own submodule attributes do not (they are whatever happened to be imported).
     """
     seen: dict[str, ModuleType] = {}
     todo = [root]
@@ -184,9 +185,13 @@ def source_fingerprint(root: ModuleType, package: str) -> str:
         if name in seen or not (name == package or name.startswith(package + ".")):
             continue
         seen[name] = mod
+        is_package = hasattr(mod, "__path__")
         for value in list(vars(mod).values()):
             if isinstance(value, ModuleType):
-                todo.append(value)
+                # A package holds every submodule anyone imported as an attribute: following
+                # those would make the hash depend on import order, not on the code reached.
+                if not (is_package and getattr(value, "__name__", "").startswith(name + ".")):
+                    todo.append(value)
                 continue
             owner = getattr(value, "__module__", None)
             if isinstance(owner, str) and owner not in seen and (owner == package or owner.startswith(package + ".")):

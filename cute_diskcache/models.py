@@ -1,0 +1,177 @@
+"""From a model name to the per-rank MoE shape a serving engine hands flashinfer.
+
+Models are resolved the way an operator names them: a local directory or ``config.json``, a
+Hugging Face repo id (read from the local HF cache first, so it works offline on a build box
+that already pulled the weights), or the short name of a config bundled with this package.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+
+class ModelConfigError(ValueError):
+    """The config cannot be read or lacks a field; the message names the field."""
+
+
+class UnsupportedModelError(ValueError):
+    """The model is readable but flashinfer's sm12x MoE path cannot serve it; says why."""
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    """One rank's fused-MoE problem, in B12xMoEWrapper's terms."""
+
+    model: str
+    num_experts: int
+    top_k: int
+    hidden_size: int
+    intermediate_size: int  # per rank, after tensor parallelism
+    num_local_experts: int  # per rank, after expert parallelism
+    activation: str = "silu"
+    swiglu_alpha: float = 1.702
+    swiglu_beta: float = 1.0
+    swiglu_limit: float | None = None
+    quant_mode: str = "nvfp4"
+    num_layers: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def bundled() -> list[str]:
+    """Short names of the configs shipped with the package."""
+    folder = resources.files("cute_diskcache") / "model_configs"
+    return sorted(p.name[: -len(".json")] for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def load_config(model: str) -> tuple[dict[str, Any], str]:
+    """Return (config dict, where it came from) for a path, a bundled name or an HF repo id."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return _read_json(path), str(path)
+    if model.lower() in bundled():
+        res = resources.files("cute_diskcache") / "model_configs" / f"{model.lower()}.json"
+        return json.loads(res.read_text()), f"bundled:{model.lower()}"
+    if "/" in model:
+        return _read_json(Path(_hf_config(model))), f"hf:{model}"
+    raise ModelConfigError(
+        f"model {model!r} is not a directory, a config.json, a Hugging Face repo id or a bundled name "
+        f"({', '.join(bundled())})"
+    )
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelConfigError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ModelConfigError(f"{path} is not a JSON object")
+    return data
+
+
+def _hf_config(repo_id: str) -> str:
+    """config.json of a repo: the local HF cache first (offline build boxes), then the Hub."""
+    try:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import LocalEntryNotFoundError
+    except ImportError as exc:
+        raise ModelConfigError(f"resolving {repo_id!r} needs huggingface_hub: {exc}") from None
+    try:
+        return str(hf_hub_download(repo_id, "config.json", local_files_only=True))
+    except LocalEntryNotFoundError:
+        pass
+    except Exception as exc:  # malformed repo ids and the like
+        raise ModelConfigError(f"cannot resolve {repo_id!r}: {exc}") from None
+    try:
+        return str(hf_hub_download(repo_id, "config.json"))
+    except Exception as exc:
+        raise ModelConfigError(f"{repo_id!r} is not in the local Hugging Face cache and the Hub said: {exc}") from None
+
+
+def _first(cfg: dict[str, Any], names: tuple[str, ...], what: str, model: str) -> Any:
+    for name in names:
+        if name in cfg and cfg[name] is not None:
+            return cfg[name]
+    raise ModelConfigError(f"{model}: config has no {what} (looked for {' / '.join(names)})")
+
+
+def _int_field(cfg: dict[str, Any], names: tuple[str, ...], what: str, model: str) -> int:
+    value = _first(cfg, names, what, model)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ModelConfigError(f"{model}: {what} ({names[0]}) must be a positive integer, got {value!r}")
+    return value
+
+
+def _quant_mode(cfg: dict[str, Any], model: str) -> str:
+    """nvfp4 or w4a16 from the checkpoint's quantization_config; anything else is unservable."""
+    q = cfg.get("quantization_config")
+    if not isinstance(q, dict):
+        dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "unquantized"
+        raise UnsupportedModelError(
+            f"{model}: the checkpoint is {dtype} (no quantization_config); flashinfer's sm12x fused-MoE "
+            "kernels run NVFP4 (or W4A16 FP4) weights only. Prewarm the NVFP4 checkpoint instead "
+            "(e.g. nvidia/Qwen3-30B-A3B-NVFP4)."
+        )
+    method = str(q.get("quant_method", "")).lower()
+    algo = str(q.get("quant_algo", q.get("format", ""))).lower()
+    if method == "modelopt" and algo == "nvfp4":
+        return "nvfp4"
+    if method == "modelopt" and algo in ("w4a16_nvfp4", "nvfp4_w4a16"):
+        return "w4a16"
+    if method == "compressed-tensors" and "nvfp4" in json.dumps(q).lower():
+        return "nvfp4"
+    raise UnsupportedModelError(
+        f"{model}: quantization {method or '?'}/{algo or '?'} is not served by flashinfer's sm12x fused-MoE "
+        "path (it takes ModelOpt or compressed-tensors NVFP4)."
+    )
+
+
+def moe_shape(model: str, *, tp: int = 1, ep: int = 1) -> MoEShape:
+    """Per-rank MoE shape: TP shards the intermediate size, EP shards the experts."""
+    cfg, source = load_config(model)
+    name = source
+    if tp < 1 or ep < 1:
+        raise ModelConfigError("--tp and --ep must be >= 1")
+    num_experts = _int_field(cfg, ("num_experts", "num_local_experts", "n_routed_experts"), "expert count", name)
+    top_k = _int_field(cfg, ("num_experts_per_tok", "experts_per_token", "moe_topk"), "experts per token", name)
+    hidden = _int_field(cfg, ("hidden_size",), "hidden size", name)
+    inter = _int_field(cfg, ("moe_intermediate_size", "intermediate_size"), "MoE intermediate size", name)
+    quant = _quant_mode(cfg, name)
+    if inter % tp:
+        raise UnsupportedModelError(f"{name}: MoE intermediate size {inter} does not split over tp={tp}")
+    if num_experts % ep:
+        raise UnsupportedModelError(f"{name}: {num_experts} experts do not split over ep={ep}")
+    notes: list[str] = []
+    activation, limit = "silu", None
+    if cfg.get("model_type") == "gpt_oss":
+        # gpt-oss's clamped SwiGLU (alpha 1.702, beta 1, limit from the config), as vLLM maps it.
+        activation, limit = "swigluoai_uninterleave", float(cfg.get("swiglu_limit", 7.0))
+        notes.append("gpt-oss activation: swigluoai_uninterleave (alpha 1.702, beta 1.0)")
+    elif str(cfg.get("hidden_act", "silu")) not in ("silu", "swiglu"):
+        act = str(cfg.get("hidden_act"))
+        if act in ("relu2", "gelu_tanh", "gelu_pytorch_tanh"):
+            activation = "gelu_tanh" if act.startswith("gelu") else "relu2"
+        else:
+            raise UnsupportedModelError(f"{name}: activation {act!r} has no sm12x fused-MoE kernel")
+    return MoEShape(
+        model=name,
+        num_experts=num_experts,
+        top_k=top_k,
+        hidden_size=hidden,
+        intermediate_size=inter // tp,
+        num_local_experts=num_experts // ep,
+        activation=activation,
+        swiglu_limit=limit,
+        quant_mode=quant,
+        num_layers=cfg.get("num_hidden_layers") if isinstance(cfg.get("num_hidden_layers"), int) else None,
+        notes=notes,
+    )

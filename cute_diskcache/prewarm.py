@@ -1,0 +1,366 @@
+"""``python -m cute_diskcache.prewarm --model ...``: fill the cache before the engine starts.
+
+Three steps, each done by flashinfer's own code so that a new flashinfer release that selects
+kernels differently is followed automatically:
+
+1. **Plan.** Drive ``B12xMoEWrapper`` exactly as vLLM configures it (``use_cuda_graph=True``,
+   ``max_num_tokens = max_num_batched_tokens``) for every m the engine can see, with compiles
+   intercepted: each site reports the key it would compile and gets a kernel that launches
+   nothing. This yields the exact set of keys serving will ask for.
+2. **Skip** keys that already have a verified entry.
+3. **Compile** the rest in ``--jobs`` worker processes, each driving flashinfer for one
+   representative m per missing kernel with the cache on, and checking that the key it
+   compiled is the one planned.
+
+Assumption (documented in the README): keys are deterministic only with ``use_cuda_graph=True``.
+flashinfer's functional ``b12x_fused_moe`` grows its workspace with the largest batch seen, and
+``max_rows`` in the micro/static keys follows that history (flashinfer PR #3836): no tool outside
+the engine can predict those keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Exit codes: 0 all good, 1 some kernels failed, 2 the model or config cannot be prewarmed.
+EXIT_FAILED, EXIT_UNSUPPORTED = 1, 2
+#: Relative compile cost by kind (measured on 0.6.15.post1): schedule the long ones first.
+_COST = {"dynamic": 4.5, "static": 2.3, "micro": 2.0}
+
+
+def parse_ms(text: str) -> list[int]:
+    """``"1,2,4-16,128"`` -> sorted unique ints."""
+    out: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        a, b = int(lo), int(hi or lo)
+        if a < 1 or b < a:
+            raise argparse.ArgumentTypeError(f"bad m range {part!r}")
+        out.update(range(a, b + 1))
+    return sorted(out)
+
+
+@dataclass
+class Kernel:
+    digest: str
+    kind: str
+    ms: list[int] = field(default_factory=list)
+    status: str = "planned"  # planned | cached | compiled | failed
+    seconds: float = 0.0
+    bytes: int = 0
+    error: str | None = None
+
+
+def _dispatcher(shape: Any, max_num_tokens: int) -> Any:
+    from . import flashinfer_sites
+
+    return flashinfer_sites.Dispatcher(
+        shape.num_experts,
+        shape.top_k,
+        shape.hidden_size,
+        shape.intermediate_size,
+        max_num_tokens=max_num_tokens,
+        num_local_experts=shape.num_local_experts,
+        activation=shape.activation,
+        swiglu_alpha=shape.swiglu_alpha,
+        swiglu_beta=shape.swiglu_beta,
+        swiglu_limit=shape.swiglu_limit,
+        quant_mode=shape.quant_mode,
+    )
+
+
+def plan(shape: Any, ms: list[int], max_num_tokens: int) -> dict[str, Kernel]:
+    """Every kernel flashinfer would compile for these m, keyed by digest (this process only)."""
+    from . import flashinfer_sites
+
+    kernels: dict[str, Kernel] = {}
+    with flashinfer_sites.planning() as requested:
+        d = _dispatcher(shape, max_num_tokens)
+        for m in ms:
+            before = len(requested)
+            d.run(m)
+            # flashinfer memoises what a site returned, so an m whose kernel was already
+            # planned requests nothing new: it needs no extra kernel.
+            for req in requested[before:]:
+                kernels.setdefault(req["digest"], Kernel(req["digest"], req["kind"])).ms.append(m)
+    return kernels
+
+
+def _entry_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file()) if path.is_dir() else 0
+
+
+def mark_cached(kernels: dict[str, Kernel]) -> None:
+    """Flag kernels whose entry exists and verifies (checksums included; no load)."""
+    from . import entry
+    from .cache import default_cache
+
+    store = default_cache().store
+    root = store.root / "v1"
+    for k in kernels.values():
+        for ns in root.glob(f"*/{k.digest[:2]}/{k.digest}"):
+            try:
+                entry.verify(ns, entry.read_manifest(ns), None)
+            except entry.EntryError:
+                continue
+            k.status, k.bytes = "cached", _entry_size(ns)
+
+
+# --------------------------------------------------------------------------------------------
+# Workers
+# --------------------------------------------------------------------------------------------
+
+
+def worker_main(args: argparse.Namespace) -> int:
+    """A compile worker: read an m per stdin line, dispatch it with the cache on, report JSON."""
+    from . import models
+    from .activation import install
+    from .cache import default_cache
+
+    install(target=args.target)
+    shape = models.MoEShape(**json.loads(args.worker_shape))
+    cache = default_cache()
+    dispatcher = _dispatcher(shape, args.max_num_tokens)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        m = int(line)
+        before = len(cache.events)
+        t0 = time.perf_counter()
+        error = None
+        try:
+            dispatcher.run(m)
+        except Exception as exc:  # reported per kernel; the worker carries on
+            error = f"{type(exc).__name__}: {exc}"
+        events = [{"digest": e[1], "outcome": e[2], "seconds": e[3]} for e in cache.events[before:]]
+        print(json.dumps({"m": m, "events": events, "error": error, "seconds": time.perf_counter() - t0,
+                          "writable": cache.store.writable}), flush=True)
+    return 0
+
+
+class _Worker:
+    def __init__(self, cmd: list[str], out: "queue.Queue[tuple[_Worker, dict[str, Any] | None]]") -> None:
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.current: Kernel | None = None
+        self._out = out
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                self._out.put((self, json.loads(line)))
+            except ValueError:
+                continue
+        self._out.put((self, None))  # exited
+
+    def send(self, k: Kernel) -> None:
+        self.current = k
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{k.ms[0]}\n")
+        self.proc.stdin.flush()
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+
+
+def compile_missing(kernels: list[Kernel], shape: Any, args: argparse.Namespace, progress: Any) -> None:
+    """Compile ``kernels`` in ``args.jobs`` worker processes, longest first, as workers free up."""
+    todo = sorted(kernels, key=lambda k: -_COST.get(k.kind, 3.0))
+    if not todo:
+        return
+    cmd = [sys.executable, "-m", "cute_diskcache.prewarm", "--worker", "--worker-shape", json.dumps(shape.as_dict()),
+           "--max-num-tokens", str(args.max_num_tokens)]
+    if args.target:
+        cmd += ["--target", args.target]
+    events: queue.Queue[tuple[_Worker, dict[str, Any] | None]] = queue.Queue()
+    workers = [_Worker(cmd, events) for _ in range(min(args.jobs, len(todo)))]
+    alive = len(workers)
+    from . import entry
+    from .cache import default_cache
+
+    store = default_cache().store
+    while alive:
+        w, msg = events.get()
+        if msg is None:  # the worker died; what it held failed
+            alive -= 1
+            if w.current is not None and w.current.status == "planned":
+                w.current.status, w.current.error = "failed", f"worker exited with {w.proc.wait()}"
+                progress.update(1)
+            continue
+        if "m" in msg and w.current is not None:
+            k = w.current
+            hit = [e for e in msg["events"] if e["digest"] == k.digest]
+            if msg["error"] and not hit:
+                k.status, k.error = "failed", msg["error"]
+            elif not hit:
+                k.status, k.error = "failed", "flashinfer compiled other keys than planned for m=%d" % k.ms[0]
+            else:
+                k.status, k.seconds = ("compiled" if hit[0]["outcome"] == "miss" else "cached"), hit[0]["seconds"]
+                if not msg.get("writable", True):
+                    k.status, k.error = "failed", "compiled but the cache root is not writable"
+                for path in (store.root / "v1").glob(f"*/{k.digest[:2]}/{k.digest}"):
+                    if (path / entry.MANIFEST).exists():
+                        k.bytes = _entry_size(path)
+            w.current = None
+            progress.update(1)
+        if todo:
+            w.send(todo.pop(0))
+        else:
+            w.close()
+
+
+# --------------------------------------------------------------------------------------------
+# CLI
+# --------------------------------------------------------------------------------------------
+
+
+def _summary(kernels: dict[str, Kernel], wall: float) -> dict[str, Any]:
+    by = lambda s: [k for k in kernels.values() if k.status == s]  # noqa: E731
+    kinds: dict[str, int] = {}
+    for k in kernels.values():
+        kinds[k.kind] = kinds.get(k.kind, 0) + 1
+    return {
+        "kernels": len(kernels),
+        "by_kind": kinds,
+        "already_cached": len(by("cached")),
+        "compiled": len(by("compiled")),
+        "failed": len(by("failed")),
+        "wall_seconds": round(wall, 2),
+        "compile_seconds": round(sum(k.seconds for k in by("compiled")), 2),
+        "bytes": sum(k.bytes for k in kernels.values()),
+        "failures": [{"digest": k.digest, "kind": k.kind, "m": k.ms[0], "error": k.error} for k in by("failed")],
+    }
+
+
+def _print_table(shape: Any, kernels: dict[str, Kernel], summary: dict[str, Any], dry: bool) -> None:
+    print(f"model {shape.model}: E={shape.num_experts} (local {shape.num_local_experts}) top_k={shape.top_k} "
+          f"hidden={shape.hidden_size} intermediate/rank={shape.intermediate_size} {shape.activation} {shape.quant_mode}")
+    print(f"{'kind':<9}{'kernels':>8}  first needed at m")
+    for kind in ("micro", "static", "dynamic"):
+        ks = [k for k in kernels.values() if k.kind == kind]
+        if ks:
+            ms = sorted(m for k in ks for m in k.ms)
+            print(f"{kind:<9}{len(ks):>8}  {ms[0]}..{ms[-1]} ({len(ms)} m)")
+    if dry:
+        return
+    mb = summary["bytes"] / 1e6
+    print(f"\nkernels {summary['kernels']}  already cached {summary['already_cached']}  compiled {summary['compiled']}  "
+          f"failed {summary['failed']}  wall {summary['wall_seconds']:.1f} s  compile {summary['compile_seconds']:.1f} s  "
+          f"size {mb:.1f} MB")
+    for f in summary["failures"]:
+        print(f"  FAILED {f['kind']} m={f['m']} {f['digest'][:12]}: {f['error']}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="cute-diskcache-prewarm", description="Fill the cute-diskcache before the engine starts.")
+    ap.add_argument("--model", help="local dir / config.json, Hugging Face repo id, or bundled name")
+    ap.add_argument("--tp", type=int, default=1, help="tensor parallel size (shards the MoE intermediate size)")
+    ap.add_argument("--ep", type=int, default=1, help="expert parallel size (shards the experts)")
+    ap.add_argument("--max-num-tokens", type=int, default=8192, help="the engine's max_num_batched_tokens")
+    ap.add_argument("--m", type=parse_ms, default=None, help="token counts to cover, e.g. 1-8,16,128 (default 1..max-num-tokens)")
+    ap.add_argument("--target", default=os.environ.get("CUTE_DISKCACHE_TARGET"), help="device profile to compile for (no GPU needed)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--dry-run", action="store_true", help="list the kernels, compile nothing")
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    ap.add_argument("--verify", action="store_true", help="on the real GPU: dispatch every m again and report compiles")
+    ap.add_argument("--list-models", action="store_true", help="list bundled model configs")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-shape", help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.worker:
+        return worker_main(args)
+    from . import models
+
+    if args.list_models:
+        print("\n".join(models.bundled()))
+        return 0
+    if not args.model:
+        print("error: --model is required (try --list-models)", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    try:
+        shape = models.moe_shape(args.model, tp=args.tp, ep=args.ep)
+    except (models.ModelConfigError, models.UnsupportedModelError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    ms = args.m or list(range(1, args.max_num_tokens + 1))
+    if max(ms) > args.max_num_tokens:
+        print(f"error: m={max(ms)} exceeds --max-num-tokens {args.max_num_tokens}", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    if args.verify:
+        return verify(shape, ms, args)
+
+    from .activation import install
+
+    t0 = time.perf_counter()
+    install(target=args.target)
+    try:
+        kernels = plan(shape, ms, args.max_num_tokens)
+    except NotImplementedError as exc:  # flashinfer's own refusal, e.g. EP on 0.6.x
+        print(f"error: flashinfer cannot serve {shape.model} this way: {exc}", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    if not kernels:
+        print(f"error: flashinfer requested no kernel cute-diskcache covers for {shape.model} "
+              f"(quant {shape.quant_mode}); nothing to prewarm", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    mark_cached(kernels)
+    if not args.dry_run:
+        missing = [k for k in kernels.values() if k.status == "planned"]
+        from tqdm import tqdm
+
+        with tqdm(total=len(missing), desc="compiling", unit="kernel", disable=args.json or not missing,
+                  file=sys.stderr) as bar:
+            compile_missing(missing, shape, args, bar)
+    summary = _summary(kernels, time.perf_counter() - t0)
+    summary["model"] = shape.as_dict()
+    summary["target"] = args.target
+    if args.json:
+        summary["kernel_list"] = [{"digest": k.digest, "kind": k.kind, "ms": k.ms, "status": k.status} for k in kernels.values()]
+        print(json.dumps(summary, indent=1))
+    else:
+        _print_table(shape, kernels, summary, args.dry_run)
+    return EXIT_FAILED if summary["failed"] else 0
+
+
+def verify(shape: Any, ms: list[int], args: argparse.Namespace) -> int:
+    """On the real GPU, in a fresh process: dispatch every m; any compile is a prewarm gap."""
+    import torch
+
+    if args.target or not torch.cuda.is_available():
+        print("error: --verify runs flashinfer for real and needs the target GPU (and no --target)", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    from .activation import install
+    from .cache import default_cache
+
+    install()
+    d = _dispatcher(shape, args.max_num_tokens)
+    for m in ms:
+        d.run(m)
+    counters = default_cache().counters
+    print(json.dumps({"m": len(ms), "hits": counters.hits, "compiles": counters.compiles}))
+    return EXIT_FAILED if counters.compiles else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
