@@ -13,7 +13,10 @@ start): torch, the DSL and msgpack load only when a cache is actually used.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at start-up
+
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 from ._version import __version__
 from .activation import install, uninstall

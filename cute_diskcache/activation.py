@@ -8,29 +8,41 @@ patch what is loaded now and put an import hook in place for what is not.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import logging
+# Imported at interpreter start when the switch is on: stdlib only, and only what is already
+# loaded at start-up (no importlib.abc, logging or typing at run time), so every Python process
+# of an engine pays next to nothing for the hook.
 import sys
-import threading
-from types import ModuleType
-from typing import Any, Sequence
+from _thread import RLock
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at start-up
 
-log = logging.getLogger("cute_diskcache")
+if TYPE_CHECKING:
+    import importlib.machinery
+    from types import ModuleType
+    from typing import Any, Sequence
 
 MOE_DISPATCH = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch"
 _WATCHED = ("flashinfer", MOE_DISPATCH)
 
-_lock = threading.RLock()
+_lock = RLock()
 _finder: "_Finder | None" = None
 _profile_name: str | None = None
 _cache_on = False
 
 
-class _Loader(importlib.abc.Loader):
-    """Wraps the real loader of a watched module to run our hook around its execution."""
+def _log() -> Any:
+    import logging
 
-    def __init__(self, real: importlib.abc.Loader, fullname: str) -> None:
+    return logging.getLogger("cute_diskcache")
+
+
+class _Loader:
+    """Wraps the real loader of a watched module to run our hook around its execution.
+
+    Duck-typed (create_module / exec_module) rather than an importlib.abc subclass: importing
+    importlib.abc at start-up would cost every interpreter several milliseconds.
+    """
+
+    def __init__(self, real: Any, fullname: str) -> None:
         self._real = real
         self._fullname = fullname
 
@@ -48,7 +60,7 @@ class _Loader(importlib.abc.Loader):
         return getattr(self._real, name)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
     """Finds watched modules through the other finders and wraps their loaders."""
 
     def find_spec(
@@ -83,7 +95,7 @@ def _attach(module: ModuleType) -> None:
         if _cache_on:
             flashinfer_sites.patch(module)
     except Exception as exc:  # never break flashinfer's import because of the cache
-        log.warning("cute-diskcache could not attach to flashinfer (%s); running uncached", exc)
+        _log().warning("cute-diskcache could not attach to flashinfer (%s); running uncached", exc)
 
 
 def _ensure_finder() -> None:
@@ -105,7 +117,7 @@ def set_target(name: str | None) -> None:
         _profile_name = name
         if "flashinfer" in sys.modules:
             if targets.active() is None:
-                log.warning("target profile %s applied after flashinfer was imported; import-time queries saw the real device", name)
+                _log().warning("target profile %s applied after flashinfer was imported; import-time queries saw the real device", name)
             _apply_profile()
         _ensure_finder()
         module = sys.modules.get(MOE_DISPATCH)

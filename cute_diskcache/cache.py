@@ -108,6 +108,10 @@ class CompileCache:
             try:
                 art = entry.export(kernel, key.digest, seconds, extra)
                 wrote = self.store.commit(key, art) is not None
+            except OSError as exc:
+                # The exporter writes through a temp file: a full disk, a quota or a file-size
+                # limit fails here first. Same remedy as a refused commit: one warning, stop.
+                self.store.disable_writes(exc)
             except Exception as exc:
                 # Never let persistence break a kernel the caller already has.
                 with self._lock:

@@ -326,8 +326,9 @@ def verify(entry_dir: Path, manifest: dict[str, Any], key: CacheKey | None) -> b
         # operator needs to read (a cache copied between sm_120a and sm_121a boxes).
         if manifest["env"].get("arch") != key.env.arch:
             raise EntryError("arch", f"built for {manifest['env'].get('arch')}, target is {key.env.arch}")
-        if manifest["env_digest"] != key.env.digest:
-            theirs, ours = manifest["env"], key.env.as_dict()
+        theirs, ours = manifest["env"], key.env.as_dict()
+        # Both: a manifest whose env fields were damaged (or forged) keeps the right digest.
+        if manifest["env_digest"] != key.env.digest or theirs != ours:
             diff = sorted(k for k in ours if theirs.get(k) != ours.get(k))
             raise EntryError("stale", f"environment differs in {', '.join(diff) or 'digest'}")
         if manifest["key_bytes"] != key.key_bytes or manifest["digest"] != key.digest:

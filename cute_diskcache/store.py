@@ -96,10 +96,11 @@ class Store:
         try:
             return entry.write(self.entry_dir(key), key, art)
         except OSError as exc:
-            self._disable_writes(exc)
+            self.disable_writes(exc)
             return None
 
-    def _disable_writes(self, exc: OSError) -> None:
+    def disable_writes(self, exc: OSError) -> None:
+        """Stop writing for the rest of the process, with one warning saying why."""
         with self._lock:
             if self._write_disabled_reason is not None:
                 return
