@@ -233,7 +233,7 @@ def write(entry_dir: Path, key: CacheKey, art: Artifact) -> dict[str, Any]:
             atomic_write(path, data)
         payloads[role].append({"file": name, "size": len(data), "sha256": digest})
     manifest = build_manifest(key, art, payloads)
-    atomic_write(entry_dir / MANIFEST, msgpack.packb(manifest, use_bin_type=True))
+    atomic_write(entry_dir / MANIFEST, pack_manifest(manifest))
     _fsync_dir(entry_dir)
     return manifest
 
@@ -241,6 +241,36 @@ def write(entry_dir: Path, key: CacheKey, art: Artifact) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 # Reading and verifying
 # --------------------------------------------------------------------------------------------
+
+
+def pack_manifest(manifest: dict[str, Any]) -> bytes:
+    """The manifest file's bytes: the msgpack body, sealed with its own sha256.
+
+    Every field is then covered: payload records by their checksums, and the rest (symbol,
+    site, extra...) by the seal, so one flipped bit anywhere in the file is a miss.
+    """
+    body = msgpack.packb(manifest, use_bin_type=True)
+    return msgpack.packb({"seal": "sha256", "sha256": _sha(body), "body": body}, use_bin_type=True)
+
+
+def unpack_manifest(raw: bytes) -> dict[str, Any]:
+    """Inverse of :func:`pack_manifest`; any deviation is an :class:`EntryError`."""
+    try:
+        outer = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise EntryError("manifest", f"undecodable: {type(exc).__name__}") from None
+    if not (isinstance(outer, dict) and outer.get("seal") == "sha256" and isinstance(outer.get("body"), bytes)
+            and isinstance(outer.get("sha256"), str)):
+        raise EntryError("manifest", "not a sealed manifest")
+    if _sha(outer["body"]) != outer["sha256"]:
+        raise EntryError("manifest", "seal does not match its body")
+    try:
+        manifest = msgpack.unpackb(outer["body"], raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise EntryError("manifest", f"undecodable body: {type(exc).__name__}") from None
+    if not isinstance(manifest, dict):
+        raise EntryError("manifest", "not a map")
+    return manifest
 
 
 def read_manifest(entry_dir: Path) -> dict[str, Any]:
@@ -259,12 +289,7 @@ def read_manifest(entry_dir: Path) -> dict[str, Any]:
         raise EntryError("unreadable", f"{path}: {exc}") from None
     if len(raw) > _MAX_MANIFEST_BYTES:
         raise EntryError("manifest", "larger than 1 MiB")
-    try:
-        manifest = msgpack.unpackb(raw, raw=False, strict_map_key=True)
-    except Exception as exc:
-        raise EntryError("manifest", f"undecodable: {type(exc).__name__}") from None
-    if not isinstance(manifest, dict):
-        raise EntryError("manifest", "not a map")
+    manifest = unpack_manifest(raw)
     _check_types(manifest)
     return manifest
 

@@ -183,7 +183,8 @@ def flip_byte(path: Path, at: int | None = None) -> None:
 
 
 def rewrite_manifest(entry_dir: Path, manifest: dict[str, Any]) -> None:
-    (entry_dir / entry.MANIFEST).write_bytes(msgpack.packb(manifest, use_bin_type=True))
+    """Write ``manifest`` as a valid, sealed manifest: tests of the semantic checks behind the seal."""
+    (entry_dir / entry.MANIFEST).write_bytes(entry.pack_manifest(manifest))
 
 
 def mlir_of(entry_dir: Path, manifest: dict[str, Any]) -> str:

@@ -8,6 +8,7 @@ refusal here must be an ``EntryError``: the store turns those, and only those, i
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import struct
 import sys
@@ -178,6 +179,17 @@ def test_undecodable_manifest_is_entry_error(tmp_path: Path, key: CacheKey, raw:
     entry_dir = tmp_path / key.digest
     entry_dir.mkdir()
     (entry_dir / entry.MANIFEST).write_bytes(raw)
+    with pytest.raises(EntryError):
+        _load(entry_dir, key)
+
+
+@pytest.mark.parametrize("raw", list(_HOSTILE_RAW.values()), ids=list(_HOSTILE_RAW))
+def test_hostile_body_behind_a_valid_seal_is_entry_error(tmp_path: Path, key: CacheKey, raw: bytes) -> None:
+    """The seal only proves the body is intact, not sane: the same hostile bytes, sealed."""
+    entry_dir = tmp_path / key.digest
+    entry_dir.mkdir()
+    sealed = msgpack.packb({"seal": "sha256", "sha256": hashlib.sha256(raw).hexdigest(), "body": raw}, use_bin_type=True)
+    (entry_dir / entry.MANIFEST).write_bytes(sealed)
     with pytest.raises(EntryError):
         _load(entry_dir, key)
 
@@ -440,14 +452,12 @@ def test_manifest_claiming_another_key_is_foreign(written: tuple[Path, dict[str,
     assert info.value.reason == "foreign"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the manifest carries no checksum of its own: a flipped bit in extra, symbol, site, "
-    "options, namespace, created... verifies (measured: 338 of 1470 single-bit flips); only format, "
-    "digests, env, key_bytes and payload records are checked",
-)
 def test_any_flipped_manifest_bit_is_refused(written: tuple[Path, dict[str, Any]], key: CacheKey) -> None:
-    """The issue asks for a miss on a flipped manifest byte; ``extra`` reaches the site as is."""
+    """The issue asks for a miss on a flipped manifest byte: the seal covers every field.
+
+    Before the seal, 338 of 1470 single-bit flips (in extra, symbol, site, options, created...)
+    still verified.
+    """
     entry_dir, _ = written
     raw = (entry_dir / entry.MANIFEST).read_bytes()
     for i in range(len(raw)):
