@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from . import config, entry
+from . import config, entry, eviction, stats
 from .key import CacheKey
 from .store import Store
 
@@ -43,6 +43,7 @@ class CompileCache:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.counters = Counters()
+        stats.bind(store.root if store.writable else None)
         # (site, digest, "hit" | "miss", seconds, persist seconds), in order: what the bench
         # and tests read. seconds is the load (hit) or the compile (miss); persist seconds is
         # the export + write a miss added on top of its compile.
@@ -79,11 +80,17 @@ class CompileCache:
                 self.store.quarantine(self.store.entry_dir(key), entry.EntryError("load", f"{type(exc).__name__}: {exc}"))
             else:
                 dt = time.perf_counter() - t0
+                ns = key.env.namespace
                 with self._lock:
                     self.counters.hits += 1
                     self.counters.load_seconds += dt
                     self.counters.saved_seconds += float(manifest["compile_seconds"])
                     self.events.append((key.site, key.digest, "hit", dt, 0.0))
+                stats.record(ns, "hits")
+                stats.record(ns, "load_seconds", dt)
+                stats.record(ns, "saved_seconds", float(manifest["compile_seconds"]))
+                if self.store.writable:
+                    eviction.touch(self.store.entry_dir(key))
                 log.debug("hit %s %s in %.2f ms", key.site, key.digest[:12], dt * 1e3)
                 return kernel, dict(manifest["extra"])
         return self._compile_and_commit(key, compile_fn, extra_fn)
@@ -102,12 +109,20 @@ class CompileCache:
             self.counters.misses += 1
             self.counters.compiles += 1
             self.counters.compile_seconds += seconds
+        ns = key.env.namespace
+        stats.record(ns, "misses")
+        stats.record(ns, "compiles")
+        stats.record(ns, "compile_seconds", seconds)
         wrote = False
         t_persist = time.perf_counter()
         if self.store.writable:
             try:
                 art = entry.export(kernel, key.digest, seconds, extra)
-                wrote = self.store.commit(key, art) is not None
+                manifest = self.store.commit(key, art)
+                wrote = manifest is not None
+                if manifest is not None:
+                    stats.record(ns, "writes")
+                    stats.record(ns, "bytes_written", sum(p["size"] for items in manifest["payloads"].values() for p in items))
             except OSError as exc:
                 # The exporter writes through a temp file: a full disk, a quota or a file-size
                 # limit fails here first. Same remedy as a refused commit: one warning, stop.
@@ -116,6 +131,7 @@ class CompileCache:
                 # Never let persistence break a kernel the caller already has.
                 with self._lock:
                     self.counters.errors += 1
+                stats.record(ns, "errors")
                 log.warning("could not persist %s kernel: %s: %s", key.site, type(exc).__name__, exc)
             if wrote:
                 with self._lock:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import entry
+from . import entry, eviction, stats
 from .key import CacheKey
 
 log = logging.getLogger("cute_diskcache")
@@ -74,6 +74,7 @@ class Store:
         """Move a bad entry aside (kept for post-mortems), so the next compile can rewrite it."""
         log.warning("cache entry %s rejected (%s); recompiling", path.name, exc)
         self.rejected += 1
+        stats.record(path.parent.parent.name, "quarantined")
         if not self.writable:
             return
         dest = self.quarantine_dir / f"{time.strftime('%Y%m%dT%H%M%S')}-{exc.reason}-{path.name}-{os.urandom(3).hex()}"
@@ -94,10 +95,15 @@ class Store:
         if not self.writable:
             return None
         try:
-            return entry.write(self.entry_dir(key), key, art)
+            manifest = entry.write(self.entry_dir(key), key, art)
         except OSError as exc:
             self.disable_writes(exc)
             return None
+        try:
+            eviction.enforce(self.root)
+        except OSError as exc:  # a cap we cannot enforce never costs the kernel just written
+            log.warning("size cap not enforced: %s", exc)
+        return manifest
 
     def disable_writes(self, exc: OSError) -> None:
         """Stop writing for the rest of the process, with one warning saying why."""
