@@ -18,6 +18,7 @@ import os
 import platform
 import struct
 import sys
+from pathlib import Path
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Iterable, Mapping
@@ -127,18 +128,52 @@ def codegen_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     }
 
 
+_DSL_CORE = ("nvidia-cutlass-dsl", "nvidia-cutlass-dsl-libs-base", "nvidia-cutlass-dsl-libs-core", "apache-tvm-ffi")
+
+
+def _dsl_flavour() -> str | None:
+    """``cu12`` or ``cu13``: which CUDA build of the DSL libraries this process actually loads."""
+    try:
+        from cutlass.cute.runtime import find_runtime_libraries
+
+        for path in find_runtime_libraries(enable_tvm_ffi=False):
+            for part in Path(path).parts:
+                if part in ("cu12", "cu13") or (part.startswith("cu") and part[2:].isdigit()):
+                    return part
+    except Exception:
+        return None
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def dsl_stack() -> tuple[tuple[str, str], ...]:
-    """Every installed ``nvidia-cutlass-dsl*`` distribution and apache-tvm-ffi, with versions.
+    """The DSL distributions this process compiles with, and apache-tvm-ffi, with versions.
 
     Measured: an object built with DSL 4.8.1 fails to load under 4.6.3, and the libs wheels
-    version independently of the front end, so all of them are keyed.
+    version independently of the front end, so each is keyed. Only the CUDA flavour of the libs
+    actually loaded counts: the DSL's default install pulls in both cu12 and cu13 libs, and
+    keying an unused one made a cache built on a CPU box miss on a GPU box whose image lacked
+    it (measured on the H200, bench/results/h200_offline_vs_device.json). Names are looked up
+    directly: scanning every installed distribution took 67-129 ms on a GPU image.
+    When the flavour cannot be determined, every installed libs flavour is keyed (a miss, never
+    a wrong kernel).
     """
+    names = list(_DSL_CORE)
+    flavour = _dsl_flavour()
+    if flavour is not None:
+        names.append(f"nvidia-cutlass-dsl-libs-{flavour}")
+    else:
+        names += [
+            (d.metadata.get("Name") or "").lower().replace("_", "-")
+            for d in importlib.metadata.distributions()
+            if (d.metadata.get("Name") or "").lower().replace("_", "-").startswith("nvidia-cutlass-dsl-libs-")
+        ]
     found: dict[str, str] = {}
-    for dist in importlib.metadata.distributions():
-        name = (dist.metadata.get("Name") or "").lower().replace("_", "-")
-        if name.startswith("nvidia-cutlass-dsl") or name == "apache-tvm-ffi":
-            found[name] = dist.version
+    for name in names:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
     return tuple(sorted(found.items()))
 
 
