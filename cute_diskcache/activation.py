@@ -21,7 +21,20 @@ if TYPE_CHECKING:
     from typing import Any, Sequence
 
 MOE_DISPATCH = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch"
+#: Every module under this package is offered to the adapter as it is imported; the adapter
+#: decides, per flashinfer version, which ones hold compile sites (0.6.18+ has several).
+_SITE_PACKAGE = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x."
 _WATCHED = ("flashinfer", MOE_DISPATCH)
+
+
+def _watched(fullname: str) -> bool:
+    return fullname in _WATCHED or fullname.startswith(_SITE_PACKAGE)
+
+
+def _site_modules() -> "list[ModuleType]":
+    """The adapter's candidate modules already imported, in import order."""
+    return [m for name, m in list(sys.modules.items()) if name.startswith(_SITE_PACKAGE) and m is not None]
+
 
 _lock = RLock()
 _finder: "_Finder | None" = None
@@ -53,7 +66,7 @@ class _Loader:
         if self._fullname == "flashinfer":
             _apply_profile()  # flashinfer queries the device while it imports
         self._real.exec_module(module)
-        if self._fullname == MOE_DISPATCH:
+        if self._fullname.startswith(_SITE_PACKAGE):
             _attach(module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, is_package, resource readers...
@@ -66,7 +79,7 @@ class _Finder:
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in _WATCHED:
+        if not _watched(fullname):
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -120,8 +133,7 @@ def set_target(name: str | None) -> None:
                 _log().warning("target profile %s applied after flashinfer was imported; import-time queries saw the real device", name)
             _apply_profile()
         _ensure_finder()
-        module = sys.modules.get(MOE_DISPATCH)
-        if module is not None:
+        for module in _site_modules():
             _attach(module)
 
 
@@ -138,8 +150,7 @@ def install(target: str | None = None) -> None:
         _cache_on = True
         set_target(target or os.environ.get("CUTE_DISKCACHE_TARGET") or None)
         _ensure_finder()
-        module = sys.modules.get(MOE_DISPATCH)
-        if module is not None:
+        for module in _site_modules():
             _attach(module)
 
 
@@ -154,11 +165,12 @@ def uninstall() -> None:
             except ValueError:
                 pass
             _finder = None
-        module = sys.modules.get(MOE_DISPATCH)
-        if module is not None:
+        modules = _site_modules()
+        if modules:
             from . import flashinfer_sites
 
-            flashinfer_sites.unpatch(module)
+            for module in modules:
+                flashinfer_sites.unpatch(module)
 
 
 def installed() -> bool:

@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from . import config, entry, eviction, stats
+from . import config, entry, eviction, locking, stats
 from .key import CacheKey
 from .store import Store
 
@@ -31,6 +31,8 @@ class Counters:
     compile_seconds: float = 0.0
     load_seconds: float = 0.0
     saved_seconds: float = 0.0  # compile seconds recorded in the entries we loaded
+    lock_waits: int = 0  # misses that waited for another process compiling the same kernel
+    lock_wait_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -38,10 +40,17 @@ class Counters:
 
 
 class CompileCache:
-    """A store plus the process's counters."""
+    """A store plus the process's counters.
 
-    def __init__(self, store: Store) -> None:
+    ``single_flight``: a miss takes the key's lock (:mod:`.locking`) before compiling, so of N
+    processes missing one kernel one compiles and the rest load its entry; ``lock_timeout``
+    bounds the wait.
+    """
+
+    def __init__(self, store: Store, *, single_flight: bool = True, lock_timeout: float = locking.DEFAULT_TIMEOUT_S) -> None:
         self.store = store
+        self.single_flight = single_flight
+        self.lock_timeout = lock_timeout
         self.counters = Counters()
         stats.bind(store.root if store.writable else None)
         # (site, digest, "hit" | "miss", seconds, persist seconds), in order: what the bench
@@ -63,7 +72,28 @@ class CompileCache:
         it after a compile); a hit returns the stored copy. A load that fails after verification
         (a DSL that cannot read the object) quarantines the entry and compiles: the caller always
         gets a kernel from one path or the other.
+
+        A miss compiles under the key's single-flight lock when the store can write: once we
+        hold it, whoever held it before us has finished, so the store is read again first.
         """
+        hit = self._try_hit(key)
+        if hit is not None:
+            return hit
+        if not self.single_flight:
+            return self._compile_and_commit(key, compile_fn, extra_fn)
+        with self.store.single_flight(key, self.lock_timeout) as flight:
+            if flight.outcome in ("waited", "timeout"):
+                with self._lock:
+                    self.counters.lock_waits += 1
+                    self.counters.lock_wait_seconds += flight.waited_seconds
+            if flight.held:
+                hit = self._try_hit(key)  # the process we waited for (or one just before) committed it
+                if hit is not None:
+                    return hit
+            return self._compile_and_commit(key, compile_fn, extra_fn)
+
+    def _try_hit(self, key: CacheKey) -> tuple[Any, dict[str, Any]] | None:
+        """Load ``key``'s verified entry, or None (absent, refused, or the DSL could not load it)."""
         t0 = time.perf_counter()
         try:
             found = self.store.lookup(key)
@@ -93,7 +123,7 @@ class CompileCache:
                     eviction.touch(self.store.entry_dir(key))
                 log.debug("hit %s %s in %.2f ms", key.site, key.digest[:12], dt * 1e3)
                 return kernel, dict(manifest["extra"])
-        return self._compile_and_commit(key, compile_fn, extra_fn)
+        return None
 
     def _compile_and_commit(
         self,
@@ -101,6 +131,9 @@ class CompileCache:
         compile_fn: Callable[[], Any],
         extra_fn: Callable[[Any], dict[str, Any]] | None,
     ) -> tuple[Any, dict[str, Any]]:
+        # Ask the root once, before the compile: a read-only root warns now, and the root is
+        # created with a private mode before the statistics write into it.
+        self.store.can_write()
         t0 = time.perf_counter()
         kernel = compile_fn()
         seconds = time.perf_counter() - t0
@@ -115,7 +148,7 @@ class CompileCache:
         stats.record(ns, "compile_seconds", seconds)
         wrote = False
         t_persist = time.perf_counter()
-        if self.store.writable:
+        if self.store.can_write():
             try:
                 art = entry.export(kernel, key.digest, seconds, extra)
                 manifest = self.store.commit(key, art)
@@ -158,7 +191,8 @@ def default_cache() -> CompileCache:
     with _default_lock:
         if _default is None:
             settings = config.load()
-            _default = CompileCache(Store(settings.root, readonly=settings.readonly))
+            store = Store(settings.root, readonly=settings.readonly, trust_shared=settings.trust_shared, hmac_key=settings.hmac_key)
+            _default = CompileCache(store, single_flight=settings.single_flight, lock_timeout=settings.lock_timeout)
         return _default
 
 

@@ -33,6 +33,10 @@ class Settings:
     root_source: str
     target: str | None
     readonly: bool
+    single_flight: bool = True
+    lock_timeout: float = 300.0
+    trust_shared: bool = False
+    hmac_key: bytes | None = dataclasses.field(default=None, repr=False)  # a secret: never in a repr or log
 
 
 #: name -> (environment variable, default, meaning). The README's table is made from this.
@@ -50,8 +54,53 @@ SETTINGS_DOC: dict[str, tuple[str, str, str]] = {
         "unset",
         "Name of a device profile (rtx-pro-6000, rtx-5090, ...) to compile for a card that is not present.",
     ),
-    "readonly": ("CUTE_DISKCACHE_READONLY", "0", "1 serves hits but never writes; misses compile in memory."),
+    "readonly": (
+        "CUTE_DISKCACHE_READONLY",
+        "0",
+        "1 serves hits but never writes, locks or quarantines; misses compile in memory. A root we "
+        "cannot write (read-only mount, no permission) is detected at the first miss and treated the same, with one warning.",
+    ),
+    "single_flight": (
+        "CUTE_DISKCACHE_SINGLE_FLIGHT",
+        "1",
+        "When several processes miss the same kernel, one compiles and the others wait for its entry "
+        "(flock under <root>/locks/). 0 lets every process compile.",
+    ),
+    "lock_timeout": (
+        "CUTE_DISKCACHE_LOCK_TIMEOUT",
+        "300",
+        "Seconds a process waits for another one compiling the same kernel before it warns once and compiles it too.",
+    ),
+    "trust_shared": (
+        "CUTE_DISKCACHE_TRUST_SHARED",
+        "0",
+        "1 uses a root (or v1/, locks/) that another user owns or that group/others can write. Without it such a "
+        "root is refused with one log line: nothing is read from it or written to it.",
+    ),
+    "hmac_key": (
+        "CUTE_DISKCACHE_HMAC_KEY",
+        "unset",
+        "Secret that signs every entry written (HMAC-SHA256 over the manifest, which holds every payload's "
+        "sha256). When set, an unsigned entry is a miss (rewritten signed) and a badly signed one is quarantined.",
+    ),
 }
+
+
+def _float_env(name: str, default: float) -> float:
+    """A number of seconds from the environment; a value that is not one falls back, with a warning."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if value != value or value < 0:  # NaN or negative
+        import logging
+
+        logging.getLogger("cute_diskcache").warning("ignoring %s=%r (not a number of seconds >= 0); using %g", name, raw, default)
+        return default
+    return value
 
 
 def _flashinfer_cache_dir() -> Path | None:
@@ -96,4 +145,8 @@ def load() -> Settings:
         root_source=source,
         target=os.environ.get("CUTE_DISKCACHE_TARGET") or None,
         readonly=env_flag("CUTE_DISKCACHE_READONLY"),
+        single_flight=env_flag("CUTE_DISKCACHE_SINGLE_FLIGHT", default=True),
+        lock_timeout=_float_env("CUTE_DISKCACHE_LOCK_TIMEOUT", 300.0),
+        trust_shared=env_flag("CUTE_DISKCACHE_TRUST_SHARED"),
+        hmac_key=os.environ.get("CUTE_DISKCACHE_HMAC_KEY", "").encode() or None,
     )

@@ -13,11 +13,13 @@ Payloads:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import logging
 import os
 import socket
+import stat
 import struct
 import time
 import zlib
@@ -27,7 +29,7 @@ from typing import Any, Callable
 
 import msgpack
 
-from . import _version
+from . import _version, trust
 from .key import FORMAT_VERSION, CacheKey
 
 log = logging.getLogger("cute_diskcache")
@@ -36,6 +38,12 @@ MANIFEST = "manifest.msgpack"
 _MAX_MANIFEST_BYTES = 1 << 20
 _MAX_PAYLOAD_BYTES = 1 << 30
 _ROLES = ("object", "cubin", "mlir")
+#: EntryError("signature", UNSIGNED): no signature where one is required. A miss, never a
+#: quarantine: the rewrite signs the entry (a bad signature is quarantined).
+UNSIGNED = "entry is not signed and CUTE_DISKCACHE_HMAC_KEY is set"
+#: What ``open`` says for a link it was told not to follow (Linux ELOOP, BSDs EMLINK).
+_LINK_ERRNOS = (errno.ELOOP, errno.EMLINK)
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class EntryError(Exception):
@@ -217,8 +225,21 @@ def build_manifest(key: CacheKey, art: Artifact, payloads: dict[str, list[dict[s
     }
 
 
-def write(entry_dir: Path, key: CacheKey, art: Artifact) -> dict[str, Any]:
-    """Write payloads then the manifest into ``entry_dir``; returns the manifest."""
+def _holds(path: Path, size: int, digest: str) -> bool:
+    """Whether ``path`` already holds exactly these bytes (a regular file, not a link)."""
+    try:
+        return _sha(_read_regular(path, size)) == digest
+    except (OSError, EntryError):
+        return False
+
+
+def write(entry_dir: Path, key: CacheKey, art: Artifact, *, hmac_key: bytes | None = None) -> dict[str, Any]:
+    """Write payloads then the manifest into ``entry_dir``; returns the manifest.
+
+    A payload already under its content-addressed name is kept only if its bytes are really
+    the ones named (a file a killed writer or a tamperer left there is replaced), so a rewrite
+    always yields an entry that verifies. ``hmac_key`` signs the manifest (see :mod:`.trust`).
+    """
     entry_dir.mkdir(parents=True, exist_ok=True)
     blobs: list[tuple[str, str, bytes]] = [("object", "o", art.object_bytes)]
     blobs += [("cubin", "cubin", c) for c in art.cubins]
@@ -229,11 +250,11 @@ def write(entry_dir: Path, key: CacheKey, art: Artifact) -> dict[str, Any]:
         digest = _sha(data)
         name = f"{role}-{digest[:16]}.{ext}"
         path = entry_dir / name
-        if not path.exists():
+        if not _holds(path, len(data), digest):
             atomic_write(path, data)
         payloads[role].append({"file": name, "size": len(data), "sha256": digest})
     manifest = build_manifest(key, art, payloads)
-    atomic_write(entry_dir / MANIFEST, pack_manifest(manifest))
+    atomic_write(entry_dir / MANIFEST, pack_manifest(manifest, hmac_key=hmac_key))
     _fsync_dir(entry_dir)
     return manifest
 
@@ -243,18 +264,27 @@ def write(entry_dir: Path, key: CacheKey, art: Artifact) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-def pack_manifest(manifest: dict[str, Any]) -> bytes:
+def pack_manifest(manifest: dict[str, Any], *, hmac_key: bytes | None = None) -> bytes:
     """The manifest file's bytes: the msgpack body, sealed with its own sha256.
 
     Every field is then covered: payload records by their checksums, and the rest (symbol,
-    site, extra...) by the seal, so one flipped bit anywhere in the file is a miss.
+    site, extra...) by the seal, so one flipped bit anywhere in the file is a miss. The seal
+    catches accidents; anyone can recompute it. ``hmac_key`` adds an ``hmac`` field that only
+    holders of the key can compute (over the seal, hence over every payload's sha256).
     """
     body = msgpack.packb(manifest, use_bin_type=True)
-    return msgpack.packb({"seal": "sha256", "sha256": _sha(body), "body": body}, use_bin_type=True)
+    outer: dict[str, Any] = {"seal": "sha256", "sha256": _sha(body), "body": body}
+    if hmac_key:
+        outer["hmac"] = trust.sign(hmac_key, outer["sha256"])
+    return msgpack.packb(outer, use_bin_type=True)
 
 
-def unpack_manifest(raw: bytes) -> dict[str, Any]:
-    """Inverse of :func:`pack_manifest`; any deviation is an :class:`EntryError`."""
+def unpack_manifest(raw: bytes, *, hmac_key: bytes | None = None) -> dict[str, Any]:
+    """Inverse of :func:`pack_manifest`; any deviation is an :class:`EntryError`.
+
+    With ``hmac_key``, a missing signature is ``EntryError("signature", UNSIGNED)`` and a wrong
+    one ``EntryError("signature", ...)``; without it the ``hmac`` field is not looked at.
+    """
     try:
         outer = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except Exception as exc:
@@ -264,6 +294,11 @@ def unpack_manifest(raw: bytes) -> dict[str, Any]:
         raise EntryError("manifest", "not a sealed manifest")
     if _sha(outer["body"]) != outer["sha256"]:
         raise EntryError("manifest", "seal does not match its body")
+    if hmac_key:
+        if "hmac" not in outer:
+            raise EntryError("signature", UNSIGNED)
+        if not trust.signature_ok(hmac_key, outer["sha256"], outer["hmac"]):
+            raise EntryError("signature", "signature does not match (another key, or the entry was altered)")
     try:
         manifest = msgpack.unpackb(outer["body"], raw=False, strict_map_key=True)
     except Exception as exc:
@@ -273,15 +308,36 @@ def unpack_manifest(raw: bytes) -> dict[str, Any]:
     return manifest
 
 
-def read_manifest(entry_dir: Path) -> dict[str, Any]:
+def _read_regular(path: Path, limit: int) -> bytes:
+    """Up to ``limit + 1`` bytes of a regular file, never through a link (the last component's:
+    the directories above are the store's to check) and never blocking on a FIFO."""
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise EntryError("unreadable", f"{path.name} is not a regular file")
+        chunks: list[bytes] = []
+        left = limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_manifest(entry_dir: Path, *, hmac_key: bytes | None = None) -> dict[str, Any]:
     """Parse a manifest with hard limits; anything odd is an :class:`EntryError`, never a crash."""
     path = entry_dir / MANIFEST
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(_MAX_MANIFEST_BYTES + 1)
+        raw = _read_regular(path, _MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         raise EntryError("absent", str(path)) from None
     except OSError as exc:
+        if exc.errno in _LINK_ERRNOS:
+            raise EntryError("link", f"{path} is a symbolic link") from None
         if not os.path.lexists(entry_dir):
             # A parent is a file or cannot be searched: no entry here to reject; a root that
             # cannot exist is the write side's one warning, not one warning per lookup.
@@ -289,7 +345,7 @@ def read_manifest(entry_dir: Path) -> dict[str, Any]:
         raise EntryError("unreadable", f"{path}: {exc}") from None
     if len(raw) > _MAX_MANIFEST_BYTES:
         raise EntryError("manifest", "larger than 1 MiB")
-    manifest = unpack_manifest(raw)
+    manifest = unpack_manifest(raw, hmac_key=hmac_key)
     _check_types(manifest)
     return manifest
 
@@ -372,11 +428,12 @@ def verify(entry_dir: Path, manifest: dict[str, Any], key: CacheKey | None) -> b
 
 def _read_payload(path: Path, size: int) -> bytes:
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(size + 1)
+        data = _read_regular(path, size)
     except FileNotFoundError:
         raise EntryError("truncated", f"payload {path.name} is missing") from None
     except OSError as exc:
+        if exc.errno in _LINK_ERRNOS:
+            raise EntryError("link", f"payload {path.name} is a symbolic link") from None
         raise EntryError("unreadable", f"{path.name}: {exc}") from None
     if len(data) != size:
         raise EntryError("truncated", f"payload {path.name} has {len(data)} bytes, manifest says {size}")

@@ -35,7 +35,12 @@ from typing import Any
 #: Exit codes: 0 all good, 1 some kernels failed, 2 the model or config cannot be prewarmed.
 EXIT_FAILED, EXIT_UNSUPPORTED = 1, 2
 #: Relative compile cost by kind (measured on 0.6.15.post1): schedule the long ones first.
-_COST = {"dynamic": 4.5, "static": 2.3, "micro": 2.0}
+_COST = {"dynamic": 4.5, "static": 2.3, "micro": 2.0, "direct_micro": 2.0, "w4a16": 1.5}
+
+
+def _cost(kind: str) -> float:
+    """flashinfer's natively cached kernels ("native-static", ...) cost what ours did."""
+    return _COST.get(kind.removeprefix("native-"), 3.0)
 
 
 def parse_ms(text: str) -> list[int]:
@@ -58,6 +63,8 @@ class Kernel:
     kind: str
     ms: list[int] = field(default_factory=list)
     status: str = "planned"  # planned | cached | compiled | failed
+    native: bool = False  # flashinfer >= 0.6.18 persists it in its own cache, not ours
+    path: str | None = None  # native: flashinfer's object file
     seconds: float = 0.0
     bytes: int = 0
     error: str | None = None
@@ -88,13 +95,20 @@ def plan(shape: Any, ms: list[int], max_num_tokens: int) -> dict[str, Kernel]:
     kernels: dict[str, Kernel] = {}
     with flashinfer_sites.planning() as requested:
         d = _dispatcher(shape, max_num_tokens)
+        if getattr(d, "offline_limit", None):
+            raise NotImplementedError(f"no exact offline plan: {d.offline_limit}")
         for m in ms:
             before = len(requested)
             d.run(m)
             # flashinfer memoises what a site returned, so an m whose kernel was already
             # planned requests nothing new: it needs no extra kernel.
             for req in requested[before:]:
-                kernels.setdefault(req["digest"], Kernel(req["digest"], req["kind"])).ms.append(m)
+                k = kernels.setdefault(req["digest"], Kernel(req["digest"], req["kind"], native=bool(req.get("native"))))
+                if req.get("native"):
+                    k.path = req.get("path")
+                if req.get("cached"):  # native: flashinfer's cache already has it
+                    k.status = "cached"
+                k.ms.append(m)
     return kernels
 
 
@@ -110,6 +124,10 @@ def mark_cached(kernels: dict[str, Kernel]) -> None:
     store = default_cache().store
     root = store.root / "v1"
     for k in kernels.values():
+        if k.native:  # flashinfer's own cache; planning already asked it
+            if k.status == "cached" and k.path and os.path.isfile(k.path):
+                k.bytes = os.path.getsize(k.path)
+            continue
         for ns in root.glob(f"*/{k.digest[:2]}/{k.digest}"):
             try:
                 entry.verify(ns, entry.read_manifest(ns), None)
@@ -141,11 +159,15 @@ def worker_main(args: argparse.Namespace) -> int:
         before = len(cache.events)
         t0 = time.perf_counter()
         error = None
+        record: dict[str, Any] = {}
         try:
-            dispatcher.run(m)
+            record = dispatcher.run(m)
         except Exception as exc:  # reported per kernel; the worker carries on
             error = f"{type(exc).__name__}: {exc}"
         events = [{"digest": e[1], "outcome": e[2], "seconds": e[3]} for e in cache.events[before:]]
+        # flashinfer's natively cached kernels, built (or found) by flashinfer itself.
+        events += [{"digest": e["digest"], "outcome": e["outcome"], "seconds": e["seconds"], "path": e.get("path")}
+                   for e in record.get("native", [])]
         print(json.dumps({"m": m, "events": events, "error": error, "seconds": time.perf_counter() - t0,
                           "writable": cache.store.writable}), flush=True)
     return 0
@@ -183,7 +205,7 @@ class _Worker:
 
 def compile_missing(kernels: list[Kernel], shape: Any, args: argparse.Namespace, progress: Any) -> None:
     """Compile ``kernels`` in ``args.jobs`` worker processes, longest first, as workers free up."""
-    todo = sorted(kernels, key=lambda k: -_COST.get(k.kind, 3.0))
+    todo = sorted(kernels, key=lambda k: -_cost(k.kind))
     if not todo:
         return
     cmd = [sys.executable, "-m", "cute_diskcache.prewarm", "--worker", "--worker-shape", json.dumps(shape.as_dict()),
@@ -214,7 +236,11 @@ def compile_missing(kernels: list[Kernel], shape: Any, args: argparse.Namespace,
                 k.status, k.error = "failed", "flashinfer compiled other keys than planned for m=%d" % k.ms[0]
             else:
                 k.status, k.seconds = ("compiled" if hit[0]["outcome"] == "miss" else "cached"), hit[0]["seconds"]
-                if not msg.get("writable", True):
+                if k.native:
+                    native_obj = Path(hit[0]["path"]) if hit[0].get("path") else None
+                    k.path = str(native_obj) if native_obj else None
+                    k.bytes = native_obj.stat().st_size if native_obj and native_obj.is_file() else 0
+                elif not msg.get("writable", True):
                     k.status, k.error = "failed", "compiled but the cache root is not writable"
                 for path in (store.root / "v1").glob(f"*/{k.digest[:2]}/{k.digest}"):
                     if (path / entry.MANIFEST).exists():
@@ -253,12 +279,20 @@ def _summary(kernels: dict[str, Kernel], wall: float) -> dict[str, Any]:
 def _print_table(shape: Any, kernels: dict[str, Kernel], summary: dict[str, Any], dry: bool) -> None:
     print(f"model {shape.model}: E={shape.num_experts} (local {shape.num_local_experts}) top_k={shape.top_k} "
           f"hidden={shape.hidden_size} intermediate/rank={shape.intermediate_size} {shape.activation} {shape.quant_mode}")
-    print(f"{'kind':<9}{'kernels':>8}  first needed at m")
-    for kind in ("micro", "static", "dynamic"):
+    print(f"{'kind':<15}{'kernels':>8}  first needed at m")
+    order = ["micro", "static", "dynamic"]
+
+    def rank(kind: str) -> tuple[bool, int, str]:
+        base = kind.removeprefix("native-")
+        return (kind.startswith("native-"), order.index(base) if base in order else len(order), kind)
+
+    kinds = sorted({k.kind for k in kernels.values()}, key=rank)
+    for kind in kinds:
         ks = [k for k in kernels.values() if k.kind == kind]
-        if ks:
-            ms = sorted(m for k in ks for m in k.ms)
-            print(f"{kind:<9}{len(ks):>8}  {ms[0]}..{ms[-1]} ({len(ms)} m)")
+        ms = sorted(m for k in ks for m in k.ms)
+        print(f"{kind:<15}{len(ks):>8}  {ms[0]}..{ms[-1]} ({len(ms)} m)")
+    if any(k.native for k in kernels.values()):
+        print("(native-*: persisted by flashinfer's own cache, prewarmed through it)")
     if dry:
         return
     mb = summary["bytes"] / 1e6
@@ -336,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     summary["model"] = shape.as_dict()
     summary["target"] = args.target
     if args.json:
-        summary["kernel_list"] = [{"digest": k.digest, "kind": k.kind, "ms": k.ms, "status": k.status} for k in kernels.values()]
+        summary["kernel_list"] = [{"digest": k.digest, "kind": k.kind, "ms": k.ms, "status": k.status, "native": k.native}
+                                  for k in kernels.values()]
         print(json.dumps(summary, indent=1))
     else:
         _print_table(shape, kernels, summary, args.dry_run)
@@ -355,11 +390,12 @@ def verify(shape: Any, ms: list[int], args: argparse.Namespace) -> int:
 
     install()
     d = _dispatcher(shape, args.max_num_tokens)
-    for m in ms:
-        d.run(m)
+    native = [e for m in ms for e in d.run(m).get("native", [])]  # flashinfer's own cache (0.6.18+)
+    native_compiles = sum(1 for e in native if e["outcome"] == "miss")
     counters = default_cache().counters
-    print(json.dumps({"m": len(ms), "hits": counters.hits, "compiles": counters.compiles}))
-    return EXIT_FAILED if counters.compiles else 0
+    print(json.dumps({"m": len(ms), "hits": counters.hits, "compiles": counters.compiles,
+                      "native_hits": len(native) - native_compiles, "native_compiles": native_compiles}))
+    return EXIT_FAILED if counters.compiles or native_compiles else 0
 
 
 if __name__ == "__main__":

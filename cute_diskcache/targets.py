@@ -43,6 +43,25 @@ class DeviceProfile:
         d["capability"] = list(self.capability)
         return d
 
+    def driver_attributes(self) -> dict[str, int]:
+        """``CU_DEVICE_ATTRIBUTE_*`` (without the prefix) -> value, as the card's driver answers.
+
+        The DSL reads some of these while it compiles and bakes them into the IR (e.g.
+        ``smem.max_smem_per_mp`` for kernels with ``min_blocks_per_mp > 1``), so an offline
+        compile must be given the card's values, not a guess.
+        """
+        return {
+            "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR": self.max_shared_memory_per_multiprocessor,
+            "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": self.max_shared_memory_per_block_optin,
+            "MULTIPROCESSOR_COUNT": self.sm_count,
+            "COMPUTE_CAPABILITY_MAJOR": self.capability[0],
+            "COMPUTE_CAPABILITY_MINOR": self.capability[1],
+            "MAX_THREADS_PER_BLOCK": 1024,
+            "MAX_REGISTERS_PER_BLOCK": 65536,
+            "MAX_REGISTERS_PER_MULTIPROCESSOR": 65536,
+            "WARP_SIZE": 32,
+        }
+
 
 _SM120_SMEM = dict(max_shared_memory_per_multiprocessor=102400, max_shared_memory_per_block_optin=101376)
 _GiB = 1 << 30
@@ -156,3 +175,81 @@ def apply(profile: DeviceProfile | str) -> DeviceProfile:
 def apply_from_env() -> DeviceProfile | None:
     name = os.environ.get("CUTE_DISKCACHE_TARGET")
     return apply(name) if name else None
+
+
+def apply_driver_attributes(profile: DeviceProfile | None = None) -> bool:
+    """Answer the DSL's driver attribute queries from ``profile`` (default: the active one).
+
+    Only the attributes the profile knows are answered; any other query goes to the real
+    driver as before (and fails there without a GPU, loudly, instead of compiling against a
+    made-up value). Idempotent; False when no profile is active or the DSL is not installed.
+    """
+    p = profile or _active
+    if p is None:
+        return False
+    try:
+        import cutlass.base_dsl.runtime.cuda as dsl_cuda
+    except ImportError:
+        return False
+    current = dsl_cuda.get_device_attribute
+    if getattr(current, "_cdc_profile", None) == p.name:
+        return True
+    real = getattr(current, "_cdc_real", current)
+    known = {getattr(dsl_cuda.cuda.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}"): value
+             for name, value in p.driver_attributes().items()}
+
+    def get_device_attribute(attribute: Any, device_id: int = 0) -> Any:
+        if attribute in known:
+            return known[attribute]
+        return real(attribute, device_id)
+
+    get_device_attribute._cdc_profile = p.name  # type: ignore[attr-defined]
+    get_device_attribute._cdc_real = real  # type: ignore[attr-defined]
+    dsl_cuda.get_device_attribute = get_device_attribute
+    return True
+
+
+class CudaPresented:
+    """A CPU tensor presented to DLPack consumers as a ``cuda:<index>`` tensor.
+
+    Some compile sites build the compile-time description of their arguments from real
+    tensors (``from_dlpack``): a CPU tensor there compiles a *different* kernel (generic
+    instead of global memory). For an offline compile only, the tensor's DLPack capsule says
+    CUDA; nothing ever reads or writes through its pointer at compile time.
+    """
+
+    _KDL_CUDA = 2
+
+    def __init__(self, tensor: Any, index: int = 0) -> None:
+        self.tensor = tensor
+        self.index = index
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (self._KDL_CUDA, self.index)
+
+    def __dlpack__(self, *_args: Any, **_kwargs: Any) -> Any:
+        import ctypes
+
+        capsule = self.tensor.__dlpack__()  # the legacy DLManagedTensor capsule
+        get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+        get_pointer.restype = ctypes.c_void_p
+        get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+        managed = get_pointer(capsule, b"dltensor")
+        # DLTensor starts with `void* data`, then `DLDevice device` {int32 type, int32 id}.
+        device = (ctypes.c_int32 * 2).from_address(managed + ctypes.sizeof(ctypes.c_void_p))
+        device[0], device[1] = self._KDL_CUDA, self.index
+        return capsule
+
+
+def cuda_presenting(from_dlpack: Any) -> Any:
+    """Wrap a ``from_dlpack``: CPU torch tensors go in as :class:`CudaPresented` ones."""
+    if getattr(from_dlpack, "_cdc_real", None) is not None:
+        return from_dlpack
+
+    def wrapped(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(getattr(tensor, "device", None), "type", None) == "cpu" and hasattr(tensor, "__dlpack__"):
+            tensor = CudaPresented(tensor)
+        return from_dlpack(tensor, *args, **kwargs)
+
+    wrapped._cdc_real = from_dlpack  # type: ignore[attr-defined]
+    return wrapped

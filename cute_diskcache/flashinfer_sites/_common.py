@@ -1,0 +1,387 @@
+"""What every flashinfer generation's adapter shares: the ``cute`` proxy, site records, planning.
+
+A *site* is one function in a flashinfer module that calls ``cute.compile``. We never edit
+flashinfer's code; instead we replace the name ``cute`` *inside that module only* with a proxy
+whose ``compile`` looks at its caller. At a known site it builds a disk key from the site's own
+in-process key (read from the caller's frame) and goes through :class:`~..cache.CompileCache`;
+any other caller gets the real ``cute.compile`` untouched. flashinfer then memoises what we
+return in its own dicts, so its in-process behaviour is unchanged.
+
+Everything we change in a flashinfer module is recorded (:class:`Patches`), so ``unpatch``
+puts back exactly what was there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import enum
+import functools
+import hashlib
+import logging
+import re
+import sys
+import threading
+from types import ModuleType
+from typing import Any, Callable, Iterator
+
+from ..cache import CompileCache, default_cache
+from ..key import CacheKey, Environment, UnkeyableError, current_arch, source_fingerprint
+
+log = logging.getLogger("cute_diskcache")
+
+SM12X = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x"
+MOE_DISPATCH = f"{SM12X}.moe_dispatch"
+FLASHINFER_UTILS = "flashinfer.cute_dsl.utils"
+
+
+# --------------------------------------------------------------------------------------------
+# Versions
+# --------------------------------------------------------------------------------------------
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"0.6.15.post1"`` -> ``(0, 6, 15)``; stops at the first non-numeric piece."""
+    parts: list[int] = []
+    for piece in version.split("+")[0].split("."):
+        digits = "".join(c for c in piece if c.isdigit())
+        if not digits or not piece[0].isdigit():
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+@functools.lru_cache(maxsize=1)
+def flashinfer_version() -> str:
+    """The installed flashinfer's version (asked once: every sm12x module import consults it)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("flashinfer-python")
+    except importlib.metadata.PackageNotFoundError:
+        mod = sys.modules.get("flashinfer")
+        return str(getattr(mod, "__version__", "0+unknown"))
+
+
+# --------------------------------------------------------------------------------------------
+# Keys
+# --------------------------------------------------------------------------------------------
+
+
+def plain(value: Any, depth: int = 0) -> Any:
+    """A flashinfer key element as data :func:`~..key.encode` accepts.
+
+    flashinfer's in-process keys hold frozen dataclasses (e.g. the direct micro kernel's shape
+    config); those become their class name plus every field, in declaration order, so two
+    configs differing in any field never share a key. Anything else unknown is left as is and
+    the encoder refuses it (the compile then runs uncached, never under a guessed key).
+    """
+    if depth > 32:
+        raise UnkeyableError("key nested deeper than 32 levels")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        cls = type(value)
+        return ("dataclass", f"{cls.__module__}.{cls.__qualname__}",
+                tuple((f.name, plain(getattr(value, f.name), depth + 1)) for f in dataclasses.fields(value)))
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # NamedTuple: keep its name too
+        return ("namedtuple", type(value).__qualname__, tuple(plain(v, depth + 1) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return {plain(k, depth + 1): plain(v, depth + 1) for k, v in value.items()}
+    return value
+
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+
+
+def arg_signature(arg: Any) -> Any:
+    """What the compiler sees of one ``cute.compile`` argument, with no address in it.
+
+    Sites that compile against real tensors (``from_dlpack``) specialise on each tensor's
+    element type, layout (static extents, dynamic marks, divisibility), alignment and memory
+    space; the DSL's own text of a tensor shows all but the element type and alignment, which
+    are added. Streams only matter by type. An argument we cannot describe is refused
+    (:class:`UnkeyableError`): that compile runs uncached.
+    """
+    if arg is None or isinstance(arg, (bool, int, float, str, bytes, enum.Enum)):
+        return arg
+    cls = type(arg)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    # Class attributes only: a runtime tensor's ``layout`` property raises NotImplementedError.
+    if hasattr(cls, "element_type") and hasattr(cls, "mark_layout_dynamic"):
+        return (
+            "tensor",
+            name,
+            _ADDRESS.sub("0x", str(arg)),
+            arg.element_type,
+            getattr(arg, "_assumed_align", None),
+            str(getattr(arg, "memspace", None)),
+            getattr(arg, "_use_32bit_stride", None),
+        )
+    if "stream" in cls.__qualname__.lower():
+        return ("stream", name)
+    value = getattr(arg, "value", None)
+    if cls.__module__.startswith("cutlass") and isinstance(value, (bool, int, float)):
+        return ("numeric", name, value)
+    raise UnkeyableError(f"no signature for compile argument of type {name}")
+
+
+def options_text(options: Any) -> str:
+    """DSL compile options (``OptLevel(3)`` ...) as stable text; their repr holds an address."""
+    if isinstance(options, (str, int, float, bool)) or options is None:
+        return repr(options)
+    cls = type(options)
+    state = getattr(options, "__dict__", None)
+    if state is None:
+        text = repr(options)
+        if _ADDRESS.search(text):
+            raise UnkeyableError(f"compile options {cls.__qualname__} have no stable text")
+        return f"{cls.__module__}.{cls.__qualname__}:{text}"
+    return f"{cls.__module__}.{cls.__qualname__}:{sorted((k, options_text(v)) for k, v in state.items())!r}"
+
+
+def compile_options(call: "Call") -> Any:
+    """What a site's compile options add to its key: the ``options=`` string, and the
+    ``cute.compile[...]`` subscript when that form was used."""
+    if call.dsl_options is None:
+        return call.kwargs.get("options")
+    return (call.kwargs.get("options"), options_text(call.dsl_options))
+
+
+@functools.lru_cache(maxsize=None)
+def environment(*module_names: str) -> Environment:
+    """The core's Environment for a site: same kind, package, arch and DSL stack as moe_dispatch.
+
+    ``sources`` fingerprints every named module (the site's own, and the module that defines
+    the kernel when that is another one), each with the flashinfer modules it reaches.
+    """
+    prints = [source_fingerprint(sys.modules[name], "flashinfer") for name in module_names]
+    sources = prints[0] if len(prints) == 1 else hashlib.sha256("".join(prints).encode()).hexdigest()
+    return Environment(
+        kind="flashinfer-moe",
+        package=f"flashinfer-python=={flashinfer_version()}",
+        sources=sources,
+        arch=current_arch(),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Sites and the proxy
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One intercepted compile: what the site's frame and arguments tell us."""
+
+    locals: dict[str, Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    dsl_options: Any = None  # the ``cute.compile[...]`` subscript, if that form was used
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """A flashinfer function that compiles, and how to key, describe and hand back its kernel.
+
+    ``key(call)`` returns the site key: the site's own in-process key, plus anything the
+    compile depends on that flashinfer leaves out of it. ``extra(kernel, call)`` computes side
+    data stored beside the artifact; ``deliver(kernel, extra, call)`` hands that side data to
+    flashinfer on a hit and a miss alike. ``modules(call)`` names the modules whose source the
+    kernel comes from.
+    """
+
+    module: str
+    function: str
+    kind: str
+    key: Callable[[Call], Any]
+    options: Callable[[Call], Any] = lambda call: compile_options(call)
+    modules: Callable[[Call], tuple[str, ...]] | None = None
+    extra: Callable[[Any, Call], dict[str, Any]] | None = None
+    deliver: Callable[[Any, dict[str, Any], Call], None] | None = None
+    site_name: str | None = None  # stored in the manifest; default flashinfer.<module>.<kind>
+
+    @property
+    def name(self) -> str:
+        return self.site_name or f"flashinfer.{self.module.rsplit('.', 1)[-1]}.{self.kind}"
+
+
+#: While planning (see :func:`planning`), sites record their key here instead of compiling.
+PLAN: list[dict[str, Any]] | None = None
+
+
+def planned_kernel(*_args: Any, **_kwargs: Any) -> None:
+    """What a site gets while planning: a kernel that launches nothing."""
+    return None
+
+
+@contextlib.contextmanager
+def planning() -> Iterator[list[dict[str, Any]]]:
+    """Record every kernel flashinfer asks for, without compiling or launching any.
+
+    flashinfer keeps what a site returns in its in-process caches, so a process that planned
+    must not serve: prewarm plans in a process of its own.
+    """
+    global PLAN
+    PLAN = []
+    try:
+        yield PLAN
+    finally:
+        PLAN = None
+
+
+def through_cache(site: Site, call: Call, compile_fn: Callable[[], Any],
+                  cache_fn: Callable[[], CompileCache] = default_cache) -> Any:
+    """The one path every intercepted compile takes: key it, then hit, compile, or plan."""
+    try:
+        modules = site.modules(call) if site.modules else (site.module,)
+        key = CacheKey(environment(*modules), site.name, site.key(call), site.options(call))
+        key.digest  # noqa: B018 - encode now, so an unkeyable element is caught here
+        cache = cache_fn()
+    except UnkeyableError as exc:
+        log.warning("not caching %s kernel: %s", site.name, exc)
+        return compile_fn()
+    except Exception as exc:  # environment or settings trouble: run uncached, say why
+        log.error("cute-diskcache disabled for this %s compile: %s: %s", site.name, type(exc).__name__, exc)
+        return compile_fn()
+    if PLAN is not None:
+        PLAN.append({"kind": site.kind, "digest": key.digest, "key": key, "site": site.name})
+        kernel, extra = planned_kernel, _planned_extra(cache, key)
+    else:
+        extra_fn = (lambda kernel: site.extra(kernel, call)) if site.extra else None
+        kernel, extra = cache.get_or_compile(key, compile_fn, extra_fn=extra_fn)
+    if site.deliver is not None:
+        site.deliver(kernel, extra, call)
+    return kernel
+
+
+def _planned_extra(cache: CompileCache, key: CacheKey) -> dict[str, Any]:
+    """While planning: the side data of an entry already on disk (manifest only, no load)."""
+    from .. import entry
+
+    try:
+        return dict(entry.read_manifest(cache.store.entry_dir(key)).get("extra") or {})
+    except Exception:
+        return {}
+
+
+class _Compile:
+    """``cute.compile`` as one flashinfer module sees it: its sites go through the cache."""
+
+    def __init__(self, real: Any, sites: dict[Any, Site], dsl_options: Any = None) -> None:
+        self._real = real
+        self._sites = sites  # code object -> Site
+        self._dsl_options = dsl_options
+
+    def __getitem__(self, options: Any) -> "_Compile":
+        # cute.compile[OptLevel(3)](...): keep intercepting, remember the subscript for the key.
+        return _Compile(self._real[options], self._sites, dsl_options=options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        frame = sys._getframe(1)
+        site = self._sites.get(frame.f_code)
+        local_vars = dict(frame.f_locals) if site is not None else {}
+        del frame
+        if site is None:
+            return self._real(*args, **kwargs)
+        call = Call(local_vars, args, kwargs, self._dsl_options)
+        return through_cache(site, call, lambda: self._real(*args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+class _CuteProxy(ModuleType):
+    """A stand-in for ``cutlass.cute`` inside one flashinfer module; all but compile delegates."""
+
+    def __init__(self, real: ModuleType, compile_: _Compile) -> None:
+        super().__init__(real.__name__)
+        self.__dict__["_cdc_real"] = real
+        self.__dict__["compile"] = compile_
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_cdc_real"], name)
+
+
+# --------------------------------------------------------------------------------------------
+# What we changed, so it can be undone
+# --------------------------------------------------------------------------------------------
+
+
+class Patches:
+    """Per flashinfer module: every global we replaced and what it held before."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._saved: dict[str, dict[str, Any]] = {}
+
+    @property
+    def lock(self) -> threading.RLock:
+        return self._lock
+
+    def set(self, module: ModuleType, name: str, value: Any, *, original: Any = None) -> None:
+        """``module.name = value``, remembering the first original.
+
+        ``original`` names what to restore when the module already holds something of ours
+        (a module that imported our replacement from another one by name).
+        """
+        with self._lock:
+            saved = self._saved.setdefault(module.__name__, {})
+            if name not in saved:
+                saved[name] = module.__dict__.get(name, _ABSENT) if original is None else original
+            setattr(module, name, value)
+
+    def original(self, module: ModuleType, name: str) -> Any:
+        """What ``module.name`` held before we changed it (its current value if untouched)."""
+        with self._lock:
+            value = self._saved.get(module.__name__, {}).get(name, _ABSENT)
+        return module.__dict__.get(name) if value is _ABSENT else value
+
+    def touched(self, module: ModuleType, name: str) -> bool:
+        with self._lock:
+            return name in self._saved.get(module.__name__, {})
+
+    def restore(self, module: ModuleType, names: tuple[str, ...] | None = None) -> None:
+        with self._lock:
+            saved = self._saved.get(module.__name__, {})
+            for name in list(saved if names is None else names):
+                if name not in saved:
+                    continue
+                value = saved.pop(name)
+                if value is _ABSENT:
+                    module.__dict__.pop(name, None)
+                else:
+                    setattr(module, name, value)
+
+
+_ABSENT = object()
+PATCHES = Patches()
+
+
+def install_proxy(module: ModuleType, sites: dict[Any, Site]) -> bool:
+    """Put a :class:`_CuteProxy` with ``sites`` into ``module`` (idempotent). False if no ``cute``."""
+    with PATCHES.lock:
+        current = module.__dict__.get("cute")
+        if isinstance(current, _CuteProxy):
+            return True
+        if current is None:
+            return False
+        PATCHES.set(module, "cute", _CuteProxy(current, _Compile(current.compile, sites)))
+        return True
+
+
+def site_codes(module: ModuleType, sites: list[Site]) -> dict[Any, Site]:
+    """code object -> Site for the sites whose function exists in ``module``."""
+    import inspect
+
+    out = {}
+    for site in sites:
+        fn = getattr(module, site.function, None)
+        try:
+            fn = inspect.unwrap(fn) if fn is not None else None  # @torch.no_grad() and friends
+        except ValueError:  # a __wrapped__ cycle
+            pass
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            out[code] = site
+    return out

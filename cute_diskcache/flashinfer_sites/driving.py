@@ -1,0 +1,168 @@
+"""Driving flashinfer's own dispatch, the way a serving engine does, to make it compile."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+import time
+from typing import Any, Iterator
+
+from .. import targets
+from . import v0_7
+from ._common import MOE_DISPATCH, flashinfer_version
+
+
+def kernel_cache_sizes() -> dict[str, int]:
+    """How many kernels flashinfer holds in memory, per kind."""
+    md = sys.modules.get(MOE_DISPATCH)
+    if md is None:
+        return {}
+    if v0_7.applies(flashinfer_version()):
+        return v0_7.kernel_cache_sizes()
+    names = {"micro": "_MICRO_KERNEL_CACHE", "static": "_STATIC_KERNEL_CACHE", "dynamic": "_DYNAMIC_KERNEL_CACHE"}
+    return {kind: len(getattr(md, attr, {}) or {}) for kind, attr in names.items()}
+
+
+class Dispatcher:
+    """``B12xMoEWrapper`` configured as vLLM configures it (``use_cuda_graph=True``), fed m tokens.
+
+    Selection, workspace sizing and the compile calls are flashinfer's own; we only feed it.
+    Weights are zeros: compiles depend on shapes, never on values. Without a GPU the tensors
+    live on the CPU, every kernel compiles for the target profile, and the launch that follows
+    is refused by the kernel's own argument check; that refusal is recorded, not raised.
+    A configuration flashinfer refuses (e.g. expert parallelism on a wrapper without it) raises
+    flashinfer's own error from the constructor.
+
+    flashinfer >= 0.6.18 builds some kernels through its own disk cache; each ``run`` record
+    lists those under ``native`` (hit or miss, seconds), and planning records them too.
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        max_num_tokens: int = 4096,
+        activation: str = "silu",
+        num_local_experts: int | None = None,
+        swiglu_alpha: float = 1.702,
+        swiglu_beta: float = 1.0,
+        swiglu_limit: float | None = None,
+        quant_mode: str = "nvfp4",
+    ) -> None:
+        import torch
+        from flashinfer.cute_dsl.utils import convert_sf_to_mma_layout
+        from flashinfer.fused_moe.cute_dsl.b12x_moe import B12xMoEWrapper
+        from flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_activation import is_gated_activation
+
+        device = "cuda" if torch.cuda.is_available() and targets.active() is None else "cpu"
+        E, k, n = num_experts, hidden_size, intermediate_size
+        E_w = num_local_experts or E  # experts whose weights this rank holds
+        w1_rows = (2 if is_gated_activation(activation) else 1) * n
+
+        def scale(rows: int, cols: int) -> torch.Tensor:
+            m_pad = (rows + 127) // 128 * 128
+            kb = ((cols // 16) + 3) // 4 * 4
+            flat = torch.zeros(E_w * m_pad * kb, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+            return convert_sf_to_mma_layout(flat, m=rows, k=cols, num_groups=E_w)
+
+        ones = torch.ones(E_w, dtype=torch.float32, device=device)
+        self._weights = (
+            torch.zeros(E_w, w1_rows, k // 2, dtype=torch.uint8, device=device),
+            scale(w1_rows, k),
+            torch.zeros(E_w, k, n // 2, dtype=torch.uint8, device=device),
+            scale(k, n),
+            ones,
+        )
+        kwargs: dict[str, Any] = dict(
+            num_experts=E,
+            top_k=top_k,
+            hidden_size=k,
+            intermediate_size=n,
+            use_cuda_graph=True,
+            max_num_tokens=max_num_tokens,
+            device=device,
+            activation=activation,
+            num_local_experts=num_local_experts,
+            swiglu_alpha=swiglu_alpha,
+            swiglu_beta=swiglu_beta,
+            swiglu_limit=swiglu_limit,
+            quant_mode=quant_mode,
+        )
+        params = inspect.signature(B12xMoEWrapper.__init__).parameters
+        if num_local_experts not in (None, E) and "expert_map" in params:
+            # 0.6.18+: expert parallelism needs the global -> local map; rank 0 holds the first E_w.
+            expert_map = torch.full((E,), -1, dtype=torch.int32, device=device)
+            expert_map[:E_w] = torch.arange(E_w, dtype=torch.int32, device=device)
+            kwargs["expert_map"] = expert_map
+        self.wrapper = B12xMoEWrapper(**kwargs)
+        self.device, self.E, self.k, self.top_k = device, E, k, top_k
+        #: Why a dispatch on CPU tensors cannot mirror the card for this configuration (None:
+        #: it can). Planning from such a dispatch would silently miss kernels.
+        self.offline_limit: str | None = None
+        if device == "cpu" and quant_mode == "w4a16" and v0_7.applies(flashinfer_version()):
+            self.offline_limit = (
+                f"flashinfer {flashinfer_version()} decides W4A16 routes on whether topk_ids is a CUDA tensor "
+                "and packs them on the GPU (route packing refuses CPU tensors for m > 1): plan W4A16 on the card"
+            )
+
+    def run(self, m: int) -> dict[str, Any]:
+        """One ``wrapper.run`` for m tokens; which kernels it added to flashinfer's caches."""
+        import torch
+
+        device, E, k, top_k = self.device, self.E, self.k, self.top_k
+        w1, w1_sf, w2, w2_sf, ones = self._weights
+        x = torch.zeros(m, k, dtype=torch.bfloat16, device=device)
+        ids = (torch.arange(m * top_k, dtype=torch.int32, device=device) % E).view(m, top_k)
+        weights = torch.full((m, top_k), 1.0 / top_k, dtype=torch.float32, device=device)
+        before = kernel_cache_sizes()
+        native: list[dict[str, Any]] = []
+        t0 = time.perf_counter()
+        launch_error = None
+        with _cpu_launch_stand_ins(device), v0_7.native_sites(native):
+            try:
+                self.wrapper.run(x, w1, w1_sf, w2, w2_sf, ids, weights, w1_alpha=ones, w2_alpha=ones, fc2_input_scale=ones)
+            except Exception as exc:  # expected without a GPU: the kernel refuses CPU tensors
+                if device == "cuda":
+                    raise
+                launch_error = f"{type(exc).__name__}: {exc}"
+        after = kernel_cache_sizes()
+        return {
+            "m": m,
+            "seconds": time.perf_counter() - t0,
+            "new_kernels": {kind: after[kind] - before.get(kind, 0) for kind in after if after[kind] - before.get(kind, 0)},
+            "launch_error": launch_error,
+            "native": native,
+        }
+
+
+def dispatch(num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, ms: list[int], **kwargs: Any) -> list[dict[str, Any]]:
+    """:class:`Dispatcher` over ``ms`` in order; one record per m."""
+    d = Dispatcher(num_experts, top_k, hidden_size, intermediate_size, **kwargs)
+    return [d.run(m) for m in ms]
+
+
+@contextlib.contextmanager
+def _cpu_launch_stand_ins(device: str) -> Iterator[None]:
+    """Without a GPU, skip the Triton routing pre-pass the micro path runs before compiling.
+
+    ``triton_compact.compact_topk_ids`` compacts expert ids on the GPU; it shapes no kernel
+    (compile keys do not see it) but Triton refuses to launch without a driver, which would
+    stop dispatch before the micro kernel for m >= 2 is even requested.
+    """
+    if device != "cpu":
+        yield
+        return
+    import importlib
+
+    tc = importlib.import_module("flashinfer.fused_moe.cute_dsl.blackwell_sm12x.triton_compact")
+    real = getattr(tc, "compact_topk_ids", None)
+    tc.compact_topk_ids = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        if real is not None:
+            tc.compact_topk_ids = real

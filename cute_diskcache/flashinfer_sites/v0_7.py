@@ -1,0 +1,480 @@
+"""flashinfer 0.6.18 to 0.7.x: the sm12x MoE sites flashinfer's own disk cache misses.
+
+From 0.6.18 flashinfer persists moe_dispatch's static, micro and dynamic kernels itself
+(``build_and_load_cute_dsl_kernel``); those pass through untouched, so one kernel never has two
+caches. These sites still compile in memory on every start, and are covered here (verified on
+0.7.4; 0.6.18 has the first two with the same code):
+
+=================================  ==========================================================
+site                               site key (the site's own in-process key, plus)
+=================================  ==========================================================
+``moe_direct_micro_kernel.``       ``("direct_micro", kernel.__cache_key__, topk_ids_dtype)``;
+``compile_direct_micro_kernel``    the block-dim probe result is stored beside the artifact
+``moe_w4a16_compiler.compile``     ``(compile_spec.json_key, options key)``: the memoising
+                                   wrapper's own key; ``cute.compile[OptLevel(3)]`` form
+``moe_nvfp4_w4a4.run_moe_w4a4``    ``(T, H, I, N13, E, TOPK)`` + every compile argument's
+``moe_nvfp4_w4a16.run_moe_w4a16``  signature (their tensors have static shapes) and consts
+``moe_{fp8,mxfp8_mxfp4}_{fc1_act,  flashinfer's ``_COMPILED`` key + n and k (which that key
+fc1_act_q1,fc2_finalize,gemm}.``   lacks) + the argument signatures
+``compiled_kernel``
+=================================  ==========================================================
+
+Device facts these sites read on a real card are answered from the target profile when one
+is active (see :func:`apply_profile`), so an offline compile takes the decisions the card would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import struct
+import sys
+import threading
+import time
+from types import ModuleType
+from typing import Any, Iterator
+
+from .. import targets
+from . import _common
+from ._common import MOE_DISPATCH, PATCHES, SM12X, Call, Site, arg_signature, install_proxy, plain, site_codes, version_tuple
+
+log = logging.getLogger("cute_diskcache")
+
+FIRST = (0, 6, 18)
+#: Versions whose every site below was driven for real in the tests.
+VERIFIED = ("0.7.4",)
+
+DIRECT_MICRO = f"{SM12X}.moe_direct_micro_kernel"
+W4A16_COMPILER = f"{SM12X}.moe_w4a16_compiler"
+W4A16_KERNEL = f"{SM12X}.moe_w4a16_kernel"
+NVFP4_W4A4 = f"{SM12X}.moe_nvfp4_w4a4"
+NVFP4_W4A16 = f"{SM12X}.moe_nvfp4_w4a16"
+#: fp8 / mxfp8xmxfp4 op modules; each compiles in ``compiled_kernel`` a kernel defined in
+#: ``kernel_<op module>``.
+OP_MODULES = tuple(
+    f"{SM12X}.moe_{fmt}_{op}"
+    for fmt in ("fp8", "mxfp8_mxfp4")
+    for op in ("fc1_act", "fc1_act_q1", "fc2_finalize", "gemm")
+)
+
+
+def applies(version: str) -> bool:
+    return version_tuple(version)[:3] >= FIRST
+
+
+# --------------------------------------------------------------------------------------------
+# Site keys
+# --------------------------------------------------------------------------------------------
+
+
+def _signatures(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(arg_signature(a) for a in args)
+
+
+def _direct_micro_key(call: Call) -> Any:
+    kernel = call.locals["kernel"]
+    return ("direct_micro", plain(kernel.__cache_key__), call.locals["topk_ids_dtype"])
+
+
+def _run_moe_key(kind: str) -> Any:
+    def key(call: Call) -> Any:
+        v = call.locals
+        # args[0] is the program; the rest are the fake tensors, the stream and (w4a16) consts.
+        return (kind, v["T"], v["H"], v["I"], v["N13"], v["E"], v["TOPK"],
+                getattr(call.args[0], "__qualname__", type(call.args[0]).__qualname__), _signatures(call.args[1:]))
+
+    return key
+
+
+def _op_key(call: Call) -> Any:
+    op = call.locals["op"]
+    # flashinfer's key has no n or k: two layers of different widths would share a kernel in
+    # memory. On disk they must not.
+    return (plain(call.locals["key"]), ("n", int(op.n)), ("k", int(op.k)), _signatures(call.args[1:]))
+
+
+def _defining_module(obj: Any) -> str:
+    return getattr(obj, "__module__", None) or type(obj).__module__
+
+
+def _w4a16_key(call: Call) -> Any:
+    return (call.locals["compile_spec"].json_key, call.locals["options_key"])
+
+
+def _w4a16_modules(call: Call) -> tuple[str, ...]:
+    kernel_module = _defining_module(call.args[0])
+    if kernel_module in sys.modules and kernel_module != W4A16_COMPILER:
+        return (W4A16_COMPILER, kernel_module)
+    return (W4A16_COMPILER,)
+
+
+# --------------------------------------------------------------------------------------------
+# The direct micro kernel's block-dim probe: side data stored beside the artifact
+# --------------------------------------------------------------------------------------------
+
+#: id(kernel) -> (kernel, block_dim, accepts): answers moe_dispatch's probe for kernels we handed out.
+_BLOCK_DIM: dict[int, tuple[Any, int, bool]] = {}
+_BLOCK_DIM_LOCK = threading.Lock()
+
+
+def _block_dim_extra(kernel: Any, call: Call) -> dict[str, Any]:
+    return {"block_dim_probe": probe_block_dim(kernel, int(call.locals["kernel"].launch_block_dim))}
+
+
+def _deliver_block_dim(kernel: Any, extra: dict[str, Any], call: Call) -> None:
+    block_dim = int(call.locals["kernel"].launch_block_dim)
+    stored = extra.get("block_dim_probe") or {}
+    if stored.get("block_dim") == block_dim and isinstance(stored.get("accepts"), bool):
+        accepts = stored["accepts"]
+    elif kernel is _common.planned_kernel:
+        accepts = True  # planning with nothing on disk yet: the kernel's reqntid makes it the rule
+    else:
+        return  # an entry without the probe (should not happen): the hook probes
+    with _BLOCK_DIM_LOCK:
+        _BLOCK_DIM[id(kernel)] = (kernel, block_dim, accepts)
+
+
+def accepts_block_dim(compiled: Any, block_dim: int) -> bool:
+    """moe_dispatch's ``compiled_direct_micro_accepts_block_dim``, answered from side data.
+
+    A kernel that came through the cache (hit or miss) carries its stored answer: a hit never
+    probes again. Any other kernel is probed now (:func:`probe_block_dim`).
+    """
+    with _BLOCK_DIM_LOCK:
+        found = _BLOCK_DIM.get(id(compiled))
+    if found is not None and found[0] is compiled and found[1] == int(block_dim):
+        return found[2]
+    return bool(probe_block_dim(compiled, int(block_dim))["accepts"])
+
+
+def probe_block_dim(compiled: Any, block_dim: int) -> dict[str, Any]:
+    """Whether ``compiled`` can launch ``block_dim`` threads, and how we know.
+
+    On the real card: flashinfer's own driver probe (``source: driver``). For a target profile
+    the driver is absent (flashinfer's probe would say False and disable the backend): the
+    answer comes from the cubin, as the driver computes it, from the kernel's register count
+    and its ``reqntid``/``maxntid`` (``source: cubin``). Both record the cubin facts.
+    """
+    info: dict[str, Any] = {"block_dim": int(block_dim)}
+    profile = targets.active()
+    try:
+        limits = cubin_thread_limits(compiled, profile)
+    except Exception as exc:  # facts only; never fail the compile over them
+        log.debug("cubin facts unavailable: %s", exc)
+        limits = None
+    info["cubin"] = limits
+    if profile is None:
+        real = sys.modules[DIRECT_MICRO].compiled_direct_micro_accepts_block_dim
+        info.update(accepts=bool(real(compiled, block_dim)), source="driver")
+        if limits is not None and (limits["max_threads"] >= block_dim) != info["accepts"]:
+            log.warning("direct micro block-dim probe: driver says %s, cubin facts %s", info["accepts"], limits)
+    elif limits is not None:
+        info.update(accepts=limits["max_threads"] >= block_dim, source="cubin", target=profile.name)
+    else:
+        log.warning("direct micro block-dim probe: no driver and no cubin facts; assuming it launches")
+        info.update(accepts=True, source="assumed", target=profile.name)
+    return info
+
+
+_EIATTR_MAX_THREADS, _EIATTR_REQNTID, _EIATTR_REGCOUNT = 0x05, 0x10, 0x2F
+
+
+def cubin_thread_limits(compiled: Any, profile: targets.DeviceProfile | None = None) -> dict[str, Any] | None:
+    """``CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`` of a compiled kernel, from its cubin.
+
+    The driver's answer is the least of the device's block limit (1024), the kernel's
+    ``reqntid``/``maxntid`` and what its registers allow: ``regs * 32`` rounded up to the
+    256-register allocation unit per warp, against the 64 Ki registers of one block.
+    """
+    from ..entry import cubins_in
+
+    obj = compiled.dump_to_object("cdc_probe")
+    cubins = cubins_in(obj)
+    if not cubins:
+        return None
+    attrs = profile.driver_attributes() if profile else {"MAX_THREADS_PER_BLOCK": 1024, "MAX_REGISTERS_PER_BLOCK": 65536}
+    regs = ntid = 0
+    for cubin in cubins:
+        facts = _nv_info(cubin)
+        regs = max(regs, facts["regs"])
+        ntid = max(ntid, facts["ntid"])
+    per_warp = -(-regs * 32 // 256) * 256 if regs else 256
+    by_regs = (attrs["MAX_REGISTERS_PER_BLOCK"] // per_warp) * 32
+    limit = min(attrs["MAX_THREADS_PER_BLOCK"], by_regs, ntid or attrs["MAX_THREADS_PER_BLOCK"])
+    return {"regs": regs, "ntid": ntid, "max_threads": limit}
+
+
+def _nv_info(cubin: bytes) -> dict[str, int]:
+    """Register count and reqntid/maxntid of the kernels in one cubin (``.nv.info`` records).
+
+    ``EIATTR_REGCOUNT`` sits in the global ``.nv.info`` as (symbol index, count) for every
+    function; only kernels (those with their own ``.nv.info.<name>`` section) count.
+    """
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    # Elf64_Shdr: name, type (u32), flags, addr, offset, size (u64), link (u32), ...
+    headers = [struct.unpack_from("<IIQQQQI", cubin, shoff + i * shentsize) for i in range(shnum)]
+
+    def cstr(table: int, at: int) -> str:
+        start = headers[table][4] + at
+        return cubin[start:cubin.index(b"\0", start)].decode(errors="replace")
+
+    names = [cstr(shstrndx, h[0]) for h in headers]
+    kernels = {n[len(".nv.info."):] for n in names if n.startswith(".nv.info.")}
+    symtab = next((i for i, h in enumerate(headers) if h[1] == 2), None)  # SHT_SYMTAB
+
+    def symbol(index: int) -> str | None:
+        if symtab is None or (index + 1) * 24 > headers[symtab][5]:
+            return None
+        st_name = struct.unpack_from("<I", cubin, headers[symtab][4] + index * 24)[0]  # Elf64_Sym.st_name
+        return cstr(headers[symtab][6], st_name)
+
+    regs = ntid = 0
+    for i, name in enumerate(names):
+        if name != ".nv.info" and not name.startswith(".nv.info."):
+            continue
+        offset, size = headers[i][4], headers[i][5]
+        for attr, data in _records(cubin[offset:offset + size]):
+            if attr == _EIATTR_REGCOUNT and len(data) >= 8:
+                sym, count = struct.unpack_from("<II", data)
+                if symbol(sym) in kernels or symtab is None:
+                    regs = max(regs, count)
+            elif attr in (_EIATTR_REQNTID, _EIATTR_MAX_THREADS) and len(data) >= 12:
+                x, y, z = struct.unpack_from("<III", data)
+                ntid = max(ntid, x * max(y, 1) * max(z, 1))
+    return {"regs": regs, "ntid": ntid}
+
+
+def _records(blob: bytes) -> Iterator[tuple[int, bytes]]:
+    pos = 0
+    while pos + 4 <= len(blob):
+        fmt, attr = blob[pos], blob[pos + 1]
+        if fmt == 0x04:  # EIFMT_SVAL: u16 size, then the value
+            size = struct.unpack_from("<H", blob, pos + 2)[0]
+            yield attr, blob[pos + 4:pos + 4 + size]
+            pos += 4 + size
+        else:  # NVAL / BVAL / HVAL: the value (if any) fits the 2 bytes after the header
+            yield attr, blob[pos + 2:pos + 4]
+            pos += 4
+
+
+# --------------------------------------------------------------------------------------------
+# Sites
+# --------------------------------------------------------------------------------------------
+
+
+def _proxy_sites() -> dict[str, list[Site]]:
+    """module -> the sites in it that compile through its module-global ``cute``."""
+    sites = {
+        DIRECT_MICRO: [Site(DIRECT_MICRO, "compile_direct_micro_kernel", "direct_micro", _direct_micro_key,
+                            extra=_block_dim_extra, deliver=_deliver_block_dim)],
+        NVFP4_W4A4: [Site(NVFP4_W4A4, "run_moe_w4a4", "w4a4", _run_moe_key("w4a4"))],
+        NVFP4_W4A16: [Site(NVFP4_W4A16, "run_moe_w4a16", "nvfp4_w4a16", _run_moe_key("w4a16"))],
+    }
+    for name in OP_MODULES:
+        sites[name] = [Site(name, "compiled_kernel", name.rsplit(".moe_", 1)[-1], _op_key)]
+    return sites
+
+
+#: The subscript (``OptLevel(3)``) is already in the site key, as flashinfer's options key.
+W4A16_SITE = Site(W4A16_COMPILER, "compile", "w4a16", _w4a16_key,
+                  options=lambda call: call.kwargs.get("options"), modules=_w4a16_modules)
+
+#: (file relative to blackwell_sm12x/, function) -> kind, for the coverage report.
+COVERED = {
+    **{(f"{m.rsplit('.', 1)[-1]}.py", s.function): s.kind for m, ss in _proxy_sites().items() for s in ss},
+    ("moe_w4a16_compiler.py", "compile"): "w4a16",
+}
+
+
+def patch(module: ModuleType) -> bool:
+    """Attach to one flashinfer module of this generation (idempotent); True if it has sites."""
+    name = module.__name__
+    with PATCHES.lock:
+        if name in _proxy_sites():
+            codes = site_codes(module, _proxy_sites()[name])
+            return bool(codes) and install_proxy(module, codes)
+        if name == W4A16_COMPILER:
+            return _patch_w4a16_compiler(module)
+        if name == W4A16_KERNEL:
+            compiler = sys.modules.get(W4A16_COMPILER)
+            return compiler is not None and _patch_w4a16_compiler(compiler)
+        if name == MOE_DISPATCH:
+            _hook_block_dim_probe(module)
+            return False  # its own sites are flashinfer's (native cache)
+    return False
+
+
+def unpatch(module: ModuleType) -> None:
+    names = ["cute", "compile", "cached_compile"]
+    if targets.active() is None:
+        names.append("compiled_direct_micro_accepts_block_dim")  # a profile still needs it
+    PATCHES.restore(module, tuple(names))
+
+
+def _hook_block_dim_probe(md: ModuleType) -> None:
+    if hasattr(md, "compiled_direct_micro_accepts_block_dim") and not PATCHES.touched(md, "compiled_direct_micro_accepts_block_dim"):
+        PATCHES.set(md, "compiled_direct_micro_accepts_block_dim", accepts_block_dim)
+
+
+def _patch_w4a16_compiler(compiler: ModuleType) -> bool:
+    """Route the W4A16 memoising wrapper through the disk cache.
+
+    ``moe_w4a16_compiler.compile`` imports ``cutlass.cute`` inside the function, so there is
+    no module global to proxy: the wrapper itself is replaced, in its module and in
+    ``moe_w4a16_kernel`` (which imported it by name as ``cached_compile``).
+    """
+    real = PATCHES.original(compiler, "compile")
+    if real is None or not hasattr(compiler, "_COMPILE_CACHE"):
+        return False
+    wrapper = compiler.__dict__.get("compile")
+    if not getattr(wrapper, "_cdc_w4a16", False):
+        wrapper = _w4a16_wrapper(compiler, real)
+        PATCHES.set(compiler, "compile", wrapper)
+    kernel_mod = sys.modules.get(W4A16_KERNEL)
+    if kernel_mod is not None and kernel_mod.__dict__.get("cached_compile") in (real, wrapper):
+        PATCHES.set(kernel_mod, "cached_compile", wrapper, original=real)
+    return True
+
+
+def _w4a16_wrapper(compiler: ModuleType, real: Any) -> Any:
+    def compile(func: Any, *args: Any, compile_spec: Any = None, dsl_compile_options: Any = None, **kwargs: Any) -> Any:
+        if compile_spec is None:
+            return real(func, *args, compile_spec=compile_spec, dsl_compile_options=dsl_compile_options, **kwargs)
+        options_key = compiler._options_cache_key(dsl_compile_options)
+        memo_key = (compile_spec.json_key, options_key)
+        with compiler._COMPILE_CACHE_LOCK:
+            compiled = compiler._COMPILE_CACHE.get(memo_key)
+        if compiled is not None:
+            return compiled
+        call = Call({"compile_spec": compile_spec, "options_key": options_key}, (func, *args), kwargs, dsl_compile_options)
+        kernel = _common.through_cache(
+            W4A16_SITE, call,
+            lambda: real(func, *args, compile_spec=compile_spec, dsl_compile_options=dsl_compile_options, **kwargs),
+        )
+        if kernel is not _common.planned_kernel:
+            with compiler._COMPILE_CACHE_LOCK:
+                compiler._COMPILE_CACHE[memo_key] = kernel
+        return kernel
+
+    compile._cdc_w4a16 = True  # type: ignore[attr-defined]
+    compile.__doc__ = real.__doc__
+    return compile
+
+
+# --------------------------------------------------------------------------------------------
+# Target profile stand-ins
+# --------------------------------------------------------------------------------------------
+
+
+def apply_profile(module: ModuleType, profile: targets.DeviceProfile) -> None:
+    """Answer this generation's device queries from ``profile`` (no card in the machine).
+
+    * moe_dispatch's ``_is_sm120_nvfp4`` asks whether the *tensors* live on an SM120 card; on
+      CPU tensors it says no and picks other cutovers and ``one_round_fc1`` than the card.
+    * The direct micro block-dim probe asks the driver (see :func:`probe_block_dim`).
+    * Sites that compile against ``from_dlpack`` tensors would compile for generic instead of
+      global memory: their tensors are presented as ``cuda:0`` (:class:`~..targets.CudaPresented`).
+
+    (The DSL's own driver attribute queries are answered for every generation, by the caller.)
+    """
+    name = module.__name__
+    if name == MOE_DISPATCH and hasattr(module, "_is_sm120_nvfp4"):
+        sm120 = tuple(profile.capability) == (12, 0)
+        module._is_sm120_nvfp4 = lambda device, quant_mode: sm120 and quant_mode == "nvfp4"
+        _hook_block_dim_probe(module)
+    dlpack_users = [module] if name in (NVFP4_W4A4, NVFP4_W4A16) else []
+    if name in OP_MODULES:
+        kernel_mod = sys.modules.get(name.replace(".moe_", ".kernel_moe_", 1))
+        if kernel_mod is not None:
+            dlpack_users.append(kernel_mod)
+    for mod in dlpack_users:
+        if hasattr(mod, "from_dlpack"):
+            mod.from_dlpack = targets.cuda_presenting(mod.from_dlpack)
+
+
+# --------------------------------------------------------------------------------------------
+# flashinfer's native sites: planned and observed, never cached by us
+# --------------------------------------------------------------------------------------------
+
+
+def native_identity(module_name: str, kernel_name: str, compile_fn: Any, extra_key_files: Any, enable_tvm_ffi: bool) -> dict[str, Any]:
+    """Which native kernel a ``build_and_load_cute_dsl_kernel`` call is, and whether it is on disk.
+
+    Computed as flashinfer's cache does (same spec, same source hash) without compiling.
+    """
+    from flashinfer.jit import cute_dsl_core as core
+
+    kind = "native-" + kernel_name.split("_", 1)[0]
+    out: dict[str, Any] = {"kind": kind, "name": f"{module_name}/{kernel_name}", "cached": False, "native": True}
+    try:
+        disabled = core.cute_dsl_cache_disabled()
+        sha = core._hash_source_files(tuple(extra_key_files))
+        spec = core.JitSpecCuteDsl(module_name, kernel_name, compile_fn, sha, enable_tvm_ffi=enable_tvm_ffi)
+        out.update(name=spec.name, path=str(spec.object_path), cached=bool(spec.is_compiled) and not disabled,
+                   disabled=disabled)
+        ident = json.dumps([spec.name, spec.expected_meta, str(spec.object_path)], sort_keys=True)
+    except Exception as exc:  # identity is for reporting; a failure must not stop dispatch
+        log.debug("native kernel identity unavailable: %s", exc)
+        ident = json.dumps([module_name, kernel_name])
+    out["digest"] = hashlib.sha256(ident.encode()).hexdigest()
+    return out
+
+
+@contextlib.contextmanager
+def native_sites(events: list[dict[str, Any]]) -> Iterator[None]:
+    """While dispatching: plan flashinfer's native kernels, or observe them being built.
+
+    Planning (:func:`~._common.planning` active): record each as a ``native-*`` kernel and
+    return a kernel that launches nothing. Otherwise flashinfer builds and persists it exactly
+    as it would, and ``events`` gets a hit/miss record (miss: ``compile_fn`` ran).
+    """
+    md = sys.modules.get(MOE_DISPATCH)
+    real = md.__dict__.get("build_and_load_cute_dsl_kernel") if md is not None else None
+    if real is None:
+        yield
+        return
+
+    def build_and_load(module_name: str, kernel_name: str, compile_fn: Any, extra_key_files: Any = (), **kwargs: Any) -> Any:
+        ident = native_identity(module_name, kernel_name, compile_fn, extra_key_files, kwargs.get("enable_tvm_ffi", True))
+        if _common.PLAN is not None:
+            _common.PLAN.append({"kind": ident["kind"], "digest": ident["digest"], "site": ident["name"],
+                                 "native": True, "cached": ident["cached"], "path": ident.get("path")})
+            return _common.planned_kernel
+        ran: list[float] = []
+
+        def counted() -> Any:
+            t = time.perf_counter()
+            try:
+                return compile_fn()
+            finally:
+                ran.append(time.perf_counter() - t)
+
+        t0 = time.perf_counter()
+        result = real(module_name, kernel_name, counted, extra_key_files, **kwargs)
+        events.append({"digest": ident["digest"], "kind": ident["kind"], "site": ident["name"], "path": ident.get("path"),
+                       "outcome": "miss" if ran else "hit", "seconds": ran[0] if ran else time.perf_counter() - t0})
+        return result
+
+    PATCHES.set(md, "build_and_load_cute_dsl_kernel", build_and_load)
+    try:
+        yield
+    finally:
+        PATCHES.restore(md, ("build_and_load_cute_dsl_kernel",))
+
+
+def kernel_cache_sizes() -> dict[str, int]:
+    """How many kernels flashinfer holds in memory, per kind (0.6.18+ layout)."""
+    md = sys.modules.get(MOE_DISPATCH)
+    out: dict[str, int] = {}
+    if md is not None:
+        for kind, attr in (("micro", "_MICRO_KERNEL_CACHE"), ("static", "_STATIC_KERNEL_CACHE"),
+                           ("dynamic", "_DYNAMIC_KERNEL_CACHE"), ("direct_micro", "_DIRECT_MICRO_KERNEL_CACHE")):
+            if hasattr(md, attr):
+                out[kind] = len(getattr(md, attr) or {})
+    compiler = sys.modules.get(W4A16_COMPILER)
+    if compiler is not None:
+        out["w4a16"] = len(getattr(compiler, "_COMPILE_CACHE", {}) or {})
+    return out

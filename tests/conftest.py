@@ -1,0 +1,199 @@
+"""Shared fixtures for the integration tests: fresh probe processes and one warm cache per session.
+
+Every integration test drives real flashinfer and the real CuTe DSL on the CPU, through the
+``rtx-pro-6000`` target profile, in a fresh interpreter (``python -m cute_diskcache._probe``):
+a warm start is only a warm start in a process that knows nothing. A real compile costs seconds,
+so the session pays for one cold micro compile (:func:`warm_micro_root`) and tests that need a
+populated cache copy that root into their own directory.
+
+Real compiles are counted twice: by the package's own counters (what the probe prints) and,
+independently, by a ``sitecustomize`` that this file puts on the child's ``PYTHONPATH``. It
+counts calls of the DSL's ``CompileCallable._compile``, which every ``cute.compile`` goes
+through, so "zero compiles" does not rest on the code under test counting itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
+
+import pytest
+
+TARGET = "rtx-pro-6000"
+#: One probe: interpreter + flashinfer import (~3 s) + compiles (~2 s micro, ~4.5 s dynamic).
+PROBE_TIMEOUT_S = 300
+#: Variables of ours in the parent that would leak into the child's behaviour.
+_DROPPED_ENV = re.compile(r"^(CUTE_DISKCACHE_.*|FLASHINFER_B12X_DISK_CACHE|CUTE_DSL_ARCH)$")
+_COUNT_LINE = re.compile(r"^cdc-test real compiles: (\d+)$", re.M)
+
+#: The child-side counter. The DSL is imported late (by flashinfer, after the target profile
+#: set CUTE_DSL_ARCH), so patch its compiler class when it gets imported, never earlier.
+_SITECUSTOMIZE = '''
+import atexit, importlib.abc, importlib.util, sys
+
+_MODULE = "cutlass.base_dsl.compiler"
+_state = {"count": 0, "depth": 0}
+
+
+def _instrument(module):
+    cls = getattr(module, "CompileCallable", None)
+    real = getattr(cls, "_compile", None)
+    if real is None:  # another DSL layout: report nothing, and the tests say "None != 0"
+        return
+    atexit.register(lambda: sys.stderr.write("cdc-test real compiles: %d\\n" % _state["count"]))
+
+    def _compile(self, *args, **kwargs):
+        _state["depth"] += 1
+        try:
+            if _state["depth"] == 1:
+                _state["count"] += 1
+            return real(self, *args, **kwargs)
+        finally:
+            _state["depth"] -= 1
+
+    cls._compile = _compile
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname != _MODULE:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        real_exec = spec.loader.exec_module
+
+        def exec_module(module):
+            real_exec(module)
+            _instrument(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _Finder())
+'''
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "slow: compiles static/dynamic kernels for real (seconds each); CI still runs them, "
+        "deselect with -m 'not slow' for a quick loop",
+    )
+
+
+class Warm(NamedTuple):
+    """A cache root populated by one cold probe, and what that probe printed."""
+
+    root: Path
+    cold: dict[str, Any]
+
+
+ProbeFn = Callable[..., dict[str, Any]]
+
+
+def child_env(root: Path | str, extra_env: Mapping[str, str] | None, hook_dir: Path) -> dict[str, str]:
+    """The parent's environment minus our knobs, pointed at ``root``, with the compile counter."""
+    env = {k: v for k, v in os.environ.items() if not _DROPPED_ENV.match(k)}
+    env["CUTE_DISKCACHE_DIR"] = str(root)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook_dir), env.get("PYTHONPATH", "")) if p)
+    env.update(extra_env or {})
+    return env
+
+
+def run_probe(
+    hook_dir: Path,
+    root: Path | str,
+    *ms: int,
+    extra_env: Mapping[str, str] | None = None,
+    args: Sequence[str] = (),
+    prefix: Sequence[str] = (),
+    preexec_fn: Callable[[], None] | None = None,
+    timeout: float = PROBE_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Run one fresh probe process and return its JSON report.
+
+    Two keys are added to what the probe prints: ``stderr`` (the child's log output: its
+    warnings land there) and ``real_compiles`` (the independent count, None if the child died
+    before reporting it). ``prefix`` runs the probe under another command (``unshare ...``).
+    A non-zero exit fails the test with the child's stderr: a crash is never an expected result.
+    """
+    cmd = [*prefix, sys.executable, "-m", "cute_diskcache._probe", "--target", TARGET, "--m", *map(str, ms or (1,)), *args]
+    proc = subprocess.run(
+        cmd,
+        env=child_env(root, extra_env, hook_dir),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=preexec_fn,
+        cwd=hook_dir,  # a neutral cwd: nothing in the working directory shadows an import
+    )
+    if proc.returncode != 0:
+        pytest.fail(f"probe exited {proc.returncode}: {' '.join(cmd)}\n--- stderr ---\n{proc.stderr[-6000:]}")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        pytest.fail(f"probe printed no JSON\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}")
+    out: dict[str, Any] = json.loads(lines[-1])
+    counted = _COUNT_LINE.findall(proc.stderr)
+    out["stderr"] = _COUNT_LINE.sub("", proc.stderr).strip()
+    out["real_compiles"] = int(counted[-1]) if counted else None
+    return out
+
+
+@pytest.fixture(scope="session")
+def compile_hook_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding the compile-counting ``sitecustomize`` for the children."""
+    d = tmp_path_factory.mktemp("compile-hook")
+    (d / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    return d
+
+
+@pytest.fixture(scope="session")
+def probe(compile_hook_dir: Path) -> ProbeFn:
+    """``probe(root, *ms, extra_env=None, args=(), prefix=(), preexec_fn=None)`` -> report dict."""
+
+    def _probe(root: Path | str, *ms: int, **kwargs: Any) -> dict[str, Any]:
+        return run_probe(compile_hook_dir, root, *ms, **kwargs)
+
+    return _probe
+
+
+@pytest.fixture(scope="session")
+def warm_micro_root(tmp_path_factory: pytest.TempPathFactory, probe: ProbeFn) -> Warm:
+    """One real cold micro compile (m=1) for the whole session. Never modify it: copy it."""
+    root = tmp_path_factory.mktemp("warm-micro") / "root"
+    return Warm(root, probe(root, 1))
+
+
+@pytest.fixture(scope="session")
+def warm_large_root(tmp_path_factory: pytest.TempPathFactory, probe: ProbeFn) -> Warm:
+    """One cold probe compiling a static (m=16) and the dynamic (m=128) kernel. Copy, don't modify."""
+    root = tmp_path_factory.mktemp("warm-large") / "root"
+    return Warm(root, probe(root, 16, 128))
+
+
+@pytest.fixture
+def micro_copy(warm_micro_root: Warm, tmp_path: Path) -> Iterator[Warm]:
+    """A private copy of the warm micro root, for tests that damage or observe it."""
+    root = tmp_path / "copied-root"
+    shutil.copytree(warm_micro_root.root, root)
+    yield Warm(root, warm_micro_root.cold)
+
+
+def manifests(root: Path) -> list[Path]:
+    """Every committed entry's manifest under ``root`` (layout v1/<ns>/<xx>/<digest>/)."""
+    return sorted(Path(root).glob("v1/*/*/*/manifest.msgpack"))
+
+
+@pytest.fixture(scope="session")
+def list_manifests() -> Callable[[Path], list[Path]]:
+    """:func:`manifests` for test modules (conftest is not importable under every import mode)."""
+    return manifests

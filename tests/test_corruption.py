@@ -1,0 +1,286 @@
+"""A damaged entry is a miss: quarantined, recompiled correctly, rewritten; flashinfer never notices.
+
+Each case copies the session's warm micro root, damages its one entry the way a crash, a bad
+disk or a foreign writer would, and runs fresh probes through real flashinfer:
+
+1. the damaged start exits cleanly, compiles exactly once, rejects exactly once (with one
+   warning naming the reason), moves the entry under ``quarantine/`` with the reason in its
+   name, and gets the kernel the cold start got (same ABI text);
+2. the next start hits with zero compiles: the entry was rewritten.
+
+A last test flips each byte of a real manifest in turn, in-process, and checks that every
+single flip is refused by verification.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Callable
+
+import pytest
+
+from cute_diskcache import entry
+from cute_diskcache.key import encode
+
+if TYPE_CHECKING:
+    from conftest import Warm
+
+Probe = Callable[..., dict[str, Any]]
+
+
+# --------------------------------------------------------------------------------------------
+# Damage: each function breaks the entry in ``d`` and returns the reason the store must give
+# (None: the entry must simply be absent, a plain miss with nothing quarantined).
+# --------------------------------------------------------------------------------------------
+
+
+def _manifest(d: Path) -> dict[str, Any]:
+    return entry.read_manifest(d)
+
+
+def _write_manifest(d: Path, m: dict[str, Any]) -> None:
+    """Re-sealed: a writer that produced a well-formed manifest with the wrong content."""
+    (d / entry.MANIFEST).write_bytes(entry.pack_manifest(m))
+
+
+def _payload(d: Path, role: str) -> Path:
+    return d / _manifest(d)["payloads"][role][0]["file"]
+
+
+def _flip(path: Path, at: int | None = None) -> None:
+    data = bytearray(path.read_bytes())
+    i = len(data) // 2 if at is None else at
+    data[i] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def truncated_object(d: Path) -> str:
+    obj = _payload(d, "object")
+    obj.write_bytes(obj.read_bytes()[: obj.stat().st_size // 2])
+    return "truncated"
+
+
+def zero_byte_object(d: Path) -> str:
+    _payload(d, "object").write_bytes(b"")
+    return "truncated"
+
+
+def zero_byte_manifest(d: Path) -> str:
+    (d / entry.MANIFEST).write_bytes(b"")
+    return "manifest"
+
+
+def flipped_object(d: Path) -> str:
+    _flip(_payload(d, "object"))
+    return "checksum"
+
+
+def flipped_cubin(d: Path) -> str:
+    _flip(_payload(d, "cubin"))
+    return "checksum"
+
+
+def flipped_mlir(d: Path) -> str:
+    _flip(_payload(d, "mlir"))
+    return "checksum"
+
+
+def flipped_manifest_key(d: Path) -> str:
+    """One bit of the stored key itself, in place: the manifest's seal no longer matches."""
+    raw = (d / entry.MANIFEST).read_bytes()
+    key_bytes = _manifest(d)["key_bytes"]
+    at = raw.index(key_bytes) + len(key_bytes) // 2
+    _flip(d / entry.MANIFEST, at)
+    return "manifest"
+
+
+def foreign_digest(d: Path) -> str:
+    """A manifest that belongs to another entry (its digest names another directory)."""
+    m = _manifest(d)
+    m["digest"] = hashlib.sha256(b"another kernel").hexdigest()
+    _write_manifest(d, m)
+    return "foreign"
+
+
+def foreign_key(d: Path) -> str:
+    """The right digest, another key: what a digest collision or a forged manifest looks like."""
+    m = _manifest(d)
+    m["key_bytes"] = encode(["flashinfer.moe_dispatch.micro", ("micro", 1), None])
+    _write_manifest(d, m)
+    return "foreign"
+
+
+def wrong_arch(d: Path) -> str:
+    """Built for the DGX Spark's sm_121a (env_digest left alone: only the arch field says so)."""
+    m = _manifest(d)
+    m["env"]["arch"] = "sm_121a"
+    _write_manifest(d, m)
+    return "arch"
+
+
+def _other_dsl(m: dict[str, Any]) -> None:
+    m["env"]["dsl"] = [[name, "4.6.3" if name.startswith("nvidia-cutlass-dsl") else v] for name, v in m["env"]["dsl"]]
+
+
+def wrong_dsl_recorded(d: Path) -> str:
+    """The manifest says DSL 4.6.3 wrote it; its env_digest was not updated to match."""
+    m = _manifest(d)
+    _other_dsl(m)
+    _write_manifest(d, m)
+    return "stale|manifest"
+
+
+def wrong_dsl_consistent(d: Path) -> str:
+    """Written under DSL 4.6.3, env_digest and all: an object 4.8.1 must not trust."""
+    m = _manifest(d)
+    _other_dsl(m)
+    m["env_digest"] = hashlib.sha256(encode(m["env"])).hexdigest()
+    _write_manifest(d, m)
+    return "stale"
+
+
+def hostile_payload_name(d: Path) -> str:
+    """A payload name that escapes the entry; the file it points at even holds the right bytes."""
+    m = _manifest(d)
+    obj = d / m["payloads"]["object"][0]["file"]
+    shutil.move(obj, d.parent.parent / "evil")
+    m["payloads"]["object"][0]["file"] = "../../evil"
+    _write_manifest(d, m)
+    return "manifest"
+
+
+def stray_temp_files_only(d: Path) -> None:
+    """A writer died before its commit: temp names and a payload, no manifest. Not an entry."""
+    raw = (d / entry.MANIFEST).read_bytes()
+    (d / entry.MANIFEST).unlink()
+    obj = _payload_name_from(raw, "object")
+    (d / obj).unlink()
+    (d / f".tmp.{entry.MANIFEST}.otherhost.4242.a1b2c3d4e5f6").write_bytes(raw[: len(raw) // 3])
+    (d / f".tmp.{obj}.otherhost.4242.0f0e0d0c0b0a").write_bytes(b"\x7fELF partial")
+    return None
+
+
+def _payload_name_from(raw: bytes, role: str) -> str:
+    return str(entry.unpack_manifest(raw)["payloads"][role][0]["file"])
+
+
+@dataclass(frozen=True)
+class Case:
+    damage: Callable[[Path], str | None]
+    slow: bool = False
+
+
+CASES = [
+    Case(truncated_object),
+    Case(zero_byte_object),
+    Case(zero_byte_manifest),
+    Case(flipped_object),
+    Case(flipped_cubin),
+    Case(flipped_mlir),
+    Case(flipped_manifest_key),
+    Case(foreign_digest),
+    Case(foreign_key, slow=True),
+    Case(wrong_arch),
+    Case(wrong_dsl_recorded),
+    Case(wrong_dsl_consistent, slow=True),
+    Case(hostile_payload_name),
+    Case(stray_temp_files_only),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# The checks
+# --------------------------------------------------------------------------------------------
+
+
+def _entry_dir(root: Path) -> Path:
+    dirs = [p.parent for p in root.glob("v1/*/*/*/" + entry.MANIFEST)]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def _assert_recovered(root: Path, cold: dict[str, Any], probe: Probe, reason: str | None) -> dict[str, Any]:
+    """Run the damaged start and the one after it; check both. Returns the damaged report."""
+    digest = cold["events"][0][1]
+    hurt = probe(root, 1)
+    c = hurt["counters"]
+    warnings = re.findall(r"^cache entry .* rejected \((\w+):", hurt["stderr"], re.M)
+    assert hurt["real_compiles"] == 1, hurt["stderr"]
+    assert (c["compiles"], c["hits"], c["writes"], c["errors"]) == (1, 0, 1, 0), hurt["stderr"]
+    assert hurt["records"][0]["launch_error"] == cold["records"][0]["launch_error"]
+    assert hurt["kernels"] == cold["kernels"]
+    quarantined = sorted((root / "quarantine").iterdir()) if (root / "quarantine").exists() else []
+    if reason is None:
+        assert c["rejected"] == 0 and warnings == [] and quarantined == []
+        assert hurt["stderr"] == ""
+    else:
+        assert c["rejected"] == 1
+        assert len(warnings) == 1 and re.fullmatch(reason, warnings[0]), hurt["stderr"]
+        assert len(quarantined) == 1 and re.search(rf"-({reason})-{digest}-", quarantined[0].name), quarantined
+        assert hurt["stderr"].count("\n") == 0, f"one warning line expected:\n{hurt['stderr']}"
+    assert _entry_dir(root).name == digest
+
+    again = probe(root, 1)
+    assert again["real_compiles"] == 0, (again["events"], sorted(map(str, root.rglob("*"))), again["stderr"])
+    assert (again["counters"]["hits"], again["counters"]["compiles"], again["counters"]["rejected"]) == (1, 0, 0)
+    assert again["records"][0]["launch_error"] == cold["records"][0]["launch_error"]
+    return hurt
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, id=c.damage.__name__, marks=[pytest.mark.slow] if c.slow else []) for c in CASES],
+)
+def test_damaged_entry_is_quarantined_and_rewritten(case: Case, micro_copy: Warm, probe: Probe) -> None:
+    root, cold = micro_copy
+    d = _entry_dir(root)
+    evil_target = d.parent.parent / "evil"
+    reason = case.damage(d)
+    _assert_recovered(root, cold, probe, reason)
+    if case.damage is hostile_payload_name:
+        assert evil_target.exists(), "the file outside the entry must be neither read into a hit nor removed"
+
+
+@pytest.mark.slow
+def test_manifest_of_another_kernel_is_foreign(micro_copy: Warm, warm_large_root: Warm, probe: Probe) -> None:
+    """A real manifest of the static kernel, dropped into the micro kernel's entry."""
+    root, cold = micro_copy
+    static = next(p for p in warm_large_root.root.glob("v1/*/*/*/" + entry.MANIFEST) if _manifest(p.parent)["site"].endswith("static"))
+    shutil.copyfile(static, _entry_dir(root) / entry.MANIFEST)
+    _assert_recovered(root, cold, probe, "foreign")
+
+
+# --------------------------------------------------------------------------------------------
+# Every single-byte flip of a real manifest, in-process (no flashinfer, no compile)
+# --------------------------------------------------------------------------------------------
+
+
+def _expected_key(m: dict[str, Any]) -> Any:
+    """What the adapter would look the entry up with: the key the manifest was written for."""
+    env = SimpleNamespace(digest=m["env_digest"], arch=m["env"]["arch"], as_dict=lambda: m["env"])
+    return SimpleNamespace(env=env, key_bytes=m["key_bytes"], digest=m["digest"])
+
+
+def test_no_single_byte_flip_of_a_real_manifest_verifies(micro_copy: Warm) -> None:
+    """Whatever field a flip lands in (the key, the symbol, the tvm-ffi flag, a size), it is a miss."""
+    root, _ = micro_copy
+    d = _entry_dir(root)
+    raw = (d / entry.MANIFEST).read_bytes()
+    key = _expected_key(_manifest(d))
+    entry.verify(d, _manifest(d), key)  # the undamaged one passes, with this very key
+    passed = []
+    for at in range(len(raw)):
+        flipped = bytearray(raw)
+        flipped[at] ^= 0x01
+        (d / entry.MANIFEST).write_bytes(bytes(flipped))
+        try:
+            entry.verify(d, entry.read_manifest(d), key)
+        except entry.EntryError:
+            continue
+        passed.append(at)
+    assert passed == [], f"flips at bytes {passed} of {len(raw)} still verified"

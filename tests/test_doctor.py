@@ -1,0 +1,181 @@
+"""``doctor``: every CuTe-DSL compile site of the installed flashinfer, and who persists it.
+
+The site table comes from flashinfer's source text, so these tests read the real installed
+0.6.15.post1 (no import of flashinfer needed) and small synthetic source trees standing in for
+releases we do not have: a new site, the ``cute.compile[...]`` form, a native site, a site
+behind a compile wrapper. The 0.7.4 report is checked in tests/test_flashinfer_074.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cute_diskcache import doctor
+from cute_diskcache.flashinfer_sites import scan
+
+FI_VERSION = "0.6.15.post1"
+W4A16_SITES = {f"moe_w4a16_kernel.py:compile_w4a16_{k}" for k in ("gemm", "fused_moe", "activation", "topk_sum")}
+MOE_DISPATCH_SITES = {f"moe_dispatch.py:_get_{k}_kernel" for k in ("static", "micro", "dynamic")}
+
+
+def _status(report: dict) -> dict[str, str]:
+    return {f"{s['file']}:{s['function']}": s["status"] for s in report["sites"]}
+
+
+@pytest.fixture(scope="module")
+def installed_report() -> dict:
+    from cute_diskcache.flashinfer_sites import flashinfer_version
+
+    if flashinfer_version() != FI_VERSION:
+        pytest.skip(f"this file checks flashinfer {FI_VERSION}; installed: {flashinfer_version()}")
+    return scan.sites_report()
+
+
+def test_0_6_15_moe_dispatch_sites_are_ours_and_w4a16_sites_are_nobodys(installed_report: dict) -> None:
+    status = _status(installed_report)
+    assert {s for s, st in status.items() if st == "cute-diskcache"} == MOE_DISPATCH_SITES
+    # 0.6.15.post1's W4A16 kernels compile with a plain cute.compile that neither we nor
+    # flashinfer persist: reported as such, not hidden.
+    assert {s for s, st in status.items() if st == "nothing"} == W4A16_SITES
+    assert installed_report["summary"] == {"cute-diskcache": 3, "flashinfer": 0, "nothing": 4}
+    assert installed_report["missing_adapter_sites"] == []
+    assert installed_report["generation"].startswith("0.6.12-0.6.17")
+
+
+def test_doctor_cli_prints_the_table_and_strict_fails_on_uncovered(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_DISKCACHE_")}
+    env.update(CUTE_DISKCACHE_DIR=str(tmp_path / "root"), CUTE_DISKCACHE_TARGET="rtx-pro-6000")
+    run = lambda *a: subprocess.run([sys.executable, "-m", "cute_diskcache.doctor", *a], env=env,  # noqa: E731
+                                    capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    text = run()
+    assert text.returncode == 0, text.stderr
+    from cute_diskcache.flashinfer_sites import flashinfer_version
+
+    assert f"flashinfer       {flashinfer_version()}" in text.stdout
+    assert f"cache root       {tmp_path / 'root'}  (CUTE_DISKCACHE_DIR)" in text.stdout
+    assert "target profile   rtx-pro-6000  arch sm_120a" in text.stdout
+    report = json.loads(run("--json").stdout)
+    assert report["root"] == str(tmp_path / "root") and report["target"] == "rtx-pro-6000"
+    assert report["dsl"].startswith("apache-tvm-ffi==") or "nvidia-cutlass-dsl==" in report["dsl"]
+    strict = run("--strict")
+    assert strict.returncode == (1 if report["summary"]["nothing"] else 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Synthetic releases: the scanner must find what a real release could contain
+# --------------------------------------------------------------------------------------------
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    pkg = tmp_path / "flashinfer"
+    base = pkg / "fused_moe" / "cute_dsl" / "blackwell_sm12x"
+    base.mkdir(parents=True)
+    (pkg / "fused_moe" / "cute_dsl" / "b12x_moe.py").write_text("def run():\n    return None\n")
+    for name, text in files.items():
+        path = base / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return pkg
+
+
+NEW_RELEASE = {
+    "moe_dispatch.py": """
+        import cutlass.cute as cute
+        from flashinfer.jit.cute_dsl_core import build_and_load_cute_dsl_kernel
+
+        def _get_static_kernel(key):
+            return build_and_load_cute_dsl_kernel("m", "static_x", lambda: cute.compile(key))
+    """,
+    "moe_direct_micro_kernel.py": """
+        import cutlass.cute as cute
+
+        def compile_direct_micro_kernel(kernel, *, topk_ids_dtype=None):
+            return cute.compile(kernel)
+    """,
+    "moe_new_thing.py": """
+        import cutlass.cute as ct
+
+        class Op:
+            def compile_it(self, k):
+                '''cute.compile in a docstring is not a call.'''
+                return ct.compile[3](k)
+    """,
+    "moe_w4a16_compiler.py": """
+        def compile(func, *args):
+            import cutlass.cute as cute
+            fn = cute.compile
+            return fn(func, *args)
+    """,
+    "moe_w4a16_kernel.py": """
+        from .moe_w4a16_compiler import compile as cached_compile
+
+        def compile_w4a16_gemm(k):
+            return cached_compile(k)
+
+        def helper():
+            return "cute.compile"
+    """,
+    "_sub/deep.py": """
+        from cutlass import cute
+
+        def nested():
+            def inner():
+                return cute.compile(1)
+            return inner
+    """,
+}
+
+
+def test_scanner_classifies_a_release_it_has_never_seen(tmp_path: Path) -> None:
+    report = scan.sites_report(_tree(tmp_path, NEW_RELEASE), "0.7.9")
+    status = _status(report)
+    assert status == {
+        "moe_dispatch.py:_get_static_kernel": "flashinfer",
+        "moe_direct_micro_kernel.py:compile_direct_micro_kernel": "cute-diskcache",
+        "moe_new_thing.py:Op.compile_it": "nothing",  # the unknown site shows up, as nothing
+        "moe_w4a16_compiler.py:compile": "cute-diskcache",
+        "moe_w4a16_kernel.py:compile_w4a16_gemm": "cute-diskcache",  # through the covered wrapper
+        os.path.join("_sub", "deep.py") + ":nested.inner": "nothing",
+    }
+    calls = {f"{s['file']}:{s['function']}": s["calls"] for s in report["sites"]}
+    assert calls["moe_new_thing.py:Op.compile_it"] == ["cute.compile[...]"]
+    assert "build_and_load_cute_dsl_kernel" in calls["moe_dispatch.py:_get_static_kernel"]
+    # Adapter sites whose file exists but whose function no longer compiles: reported.
+    assert "moe_nvfp4_w4a4.py:run_moe_w4a4" not in report["missing_adapter_sites"]  # no such file here
+    assert report["verified"] is False
+
+
+def test_a_renamed_adapter_site_is_reported_missing(tmp_path: Path) -> None:
+    files = dict(NEW_RELEASE)
+    files["moe_direct_micro_kernel.py"] = "import cutlass.cute as cute\n\ndef compile_v2(k):\n    return cute.compile(k)\n"
+    report = scan.sites_report(_tree(tmp_path, files), "0.7.9")
+    assert report["missing_adapter_sites"] == ["moe_direct_micro_kernel.py:compile_direct_micro_kernel"]
+    assert _status(report)["moe_direct_micro_kernel.py:compile_v2"] == "nothing"
+    assert "adapter sites not found" in doctor.render(report)
+
+
+def test_native_sites_count_as_nothing_when_flashinfer_cache_is_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLASHINFER_CUTE_DSL_DISABLE_CACHE", "1")
+    report = scan.sites_report(_tree(tmp_path, NEW_RELEASE), "0.7.9")
+    site = next(s for s in report["sites"] if s["function"] == "_get_static_kernel")
+    assert site["status"] == "nothing" and "FLASHINFER_CUTE_DSL_DISABLE_CACHE" in site["note"]
+
+
+def test_the_same_tree_on_a_0_6_version_uses_that_generation(tmp_path: Path) -> None:
+    """Coverage is per version: under 0.6.15 only moe_dispatch's own cute.compile sites are ours."""
+    files = {"moe_dispatch.py": "import cutlass.cute as cute\n\ndef _get_micro_kernel(k):\n    cache_key = k\n    return cute.compile(k)\n",
+             "moe_direct_micro_kernel.py": NEW_RELEASE["moe_direct_micro_kernel.py"]}
+    status = _status(scan.sites_report(_tree(tmp_path, files), "0.6.15.post1"))
+    assert status == {"moe_dispatch.py:_get_micro_kernel": "cute-diskcache",
+                      "moe_direct_micro_kernel.py:compile_direct_micro_kernel": "nothing"}
+
+
+def test_render_json_round_trips(installed_report: dict) -> None:
+    assert json.loads(doctor.render(installed_report, json=True)) == json.loads(json.dumps(installed_report))

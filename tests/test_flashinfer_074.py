@@ -1,0 +1,327 @@
+"""flashinfer 0.7.4, a real install in a second interpreter: the sites its native cache misses.
+
+Every check runs in fresh child processes of ``$CUTE_DISKCACHE_FI074_PYTHON`` (a venv with
+flashinfer 0.7.4, the same DSL and this checkout installed; ``scripts/make_fi074_venv.sh``
+makes one), driving flashinfer's own entry points on CPU tensors for the ``rtx-pro-6000``
+profile (``tests/fi074_driver.py``, ``python -m cute_diskcache._probe`` and ``prewarm``).
+Real compiles are counted in the child independently of our counters (conftest's
+``sitecustomize``). The module pays for one cold and one warm run of all twelve sites and
+reuses them; about two minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+#: The flashinfer 0.7.4 interpreter: $CUTE_DISKCACHE_FI074_PYTHON, else a venv this module builds
+#: once with scripts/make_fi074_venv.sh (about a minute; reused afterwards), so the README's one
+#: test command covers both flashinfer generations. CUTE_DISKCACHE_FI074_PYTHON=off skips.
+FI074: str | None = os.environ.get("CUTE_DISKCACHE_FI074_PYTHON") or str(REPO / ".venv-fi074" / "bin" / "python")
+pytestmark = [
+    pytest.mark.skipif(FI074 == "off", reason="CUTE_DISKCACHE_FI074_PYTHON=off: flashinfer 0.7.4 tests skipped"),
+    pytest.mark.slow,
+]
+DRIVER = Path(__file__).resolve().parent / "fi074_driver.py"
+TARGET = "rtx-pro-6000"
+TIMEOUT_S = 600
+_DROPPED_ENV = re.compile(r"^(CUTE_DISKCACHE_.*|FLASHINFER_B12X_DISK_CACHE|CUTE_DSL_ARCH|FLASHINFER_CUTE_DSL_DISABLE_CACHE)$")
+_COUNT_LINE = re.compile(r"^cdc-test real compiles: (\d+)$", re.M)
+
+#: driver site name -> the site name our manifests carry.
+SITES = {
+    "direct_micro": "flashinfer.moe_direct_micro_kernel.direct_micro",
+    "w4a16": "flashinfer.moe_w4a16_compiler.w4a16",
+    "w4a4": "flashinfer.moe_nvfp4_w4a4.w4a4",
+    "nvfp4_w4a16": "flashinfer.moe_nvfp4_w4a16.nvfp4_w4a16",
+    **{
+        f"{fmt}_{op}": f"flashinfer.moe_{fmt}_{op}.{fmt}_{op}"
+        for fmt in ("fp8", "mxfp8_mxfp4")
+        for op in ("fc1_act", "fc1_act_q1", "fc2_finalize", "gemm")
+    },
+}
+TVM_FFI_SITES = ("w4a4", "nvfp4_w4a16")  # their launch error prints the kernel's signature
+OP_SITES = tuple(name for name in SITES if name.startswith(("fp8_", "mxfp8_")))
+#: The three kernels flashinfer 0.7.4 persists itself (moe_dispatch, build_and_load_cute_dsl_kernel).
+NATIVE_SITES = {"moe_dispatch.py:_get_static_kernel", "moe_dispatch.py:_get_micro_kernel", "moe_dispatch.py:_get_dynamic_kernel"}
+
+
+def _env(root: Path, workspace: Path, hook_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not _DROPPED_ENV.match(k)}
+    env["CUTE_DISKCACHE_DIR"] = str(root)
+    env["FLASHINFER_WORKSPACE_BASE"] = str(workspace)  # flashinfer's native cache: per test
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook_dir), str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=cwd)
+    if proc.returncode != 0:
+        pytest.fail(f"exited {proc.returncode}: {' '.join(cmd)}\n--- stderr ---\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def _json_report(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        pytest.fail(f"no JSON report\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}")
+    out: dict[str, Any] = json.loads(lines[-1])
+    counted = _COUNT_LINE.findall(proc.stderr)
+    out["real_compiles"] = int(counted[-1]) if counted else None
+    out["stderr"] = proc.stderr
+    return out
+
+
+class Child:
+    """Runs 0.7.4 children against one cache root and one flashinfer workspace."""
+
+    def __init__(self, root: Path, workspace: Path, hook_dir: Path) -> None:
+        self.root, self.workspace, self.hook_dir = root, workspace, hook_dir
+
+    def env(self) -> dict[str, str]:
+        return _env(self.root, self.workspace, self.hook_dir)
+
+    def driver(self, *sites: str, args: tuple[str, ...] = ()) -> dict[str, Any]:
+        cmd = [str(FI074), str(DRIVER), "--target", TARGET, *args, *sites]
+        return _json_report(_run(cmd, self.env(), self.hook_dir))
+
+    def module(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return _run([str(FI074), "-m", *args], self.env(), self.hook_dir)
+
+
+def _manifests(root: Path) -> dict[str, dict[str, Any]]:
+    """site name -> manifest of every committed entry (one per site in these roots)."""
+    from cute_diskcache import entry
+
+    out = {}
+    for path in root.glob("v1/*/*/*/manifest.msgpack"):
+        manifest = entry.unpack_manifest(path.read_bytes())
+        manifest["_path"] = path
+        out.setdefault(manifest["site"], manifest)
+    return out
+
+
+def _by_site(report: dict[str, Any]) -> dict[str, list[str]]:
+    """site name -> outcomes ("hit" / "miss") of the cache events in a child report."""
+    out: dict[str, list[str]] = {}
+    for site, _digest, outcome, *_ in report["events"]:
+        out.setdefault(site, []).append(outcome)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# One cold and one warm run of every site, shared by the module
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fi074(compile_hook_dir: Path) -> str:
+    """The 0.7.4 interpreter, checked: flashinfer 0.7.4 and this checkout's cute_diskcache."""
+    if not os.environ.get("CUTE_DISKCACHE_FI074_PYTHON"):
+        venv = Path(str(FI074)).parent.parent
+        build = subprocess.run(["bash", str(REPO / "scripts" / "make_fi074_venv.sh"), str(venv)],
+                               capture_output=True, text=True, timeout=1200)
+        assert build.returncode == 0, f"building the flashinfer 0.7.4 venv failed:\n{build.stderr[-4000:]}"
+    proc = subprocess.run(
+        [str(FI074), "-c", "import importlib.metadata as m, json, cute_diskcache; "
+         "print(json.dumps([m.version('flashinfer-python'), cute_diskcache.__file__]))"],
+        env=_env(compile_hook_dir / "unused", compile_hook_dir / "unused", compile_hook_dir),
+        capture_output=True, text=True, timeout=120, cwd=compile_hook_dir,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    version, package_file = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert version == "0.7.4", f"{FI074} has flashinfer {version}, not 0.7.4"
+    assert Path(package_file).resolve().is_relative_to(REPO), f"{FI074} imports cute_diskcache from {package_file}, not this checkout"
+    return str(FI074)
+
+
+@pytest.fixture(scope="module")
+def shared(fi074: str, tmp_path_factory: pytest.TempPathFactory, compile_hook_dir: Path) -> dict[str, Any]:
+    """Cold (empty root) then warm (fresh process, same root) over all twelve sites."""
+    base = tmp_path_factory.mktemp("fi074")
+    child = Child(base / "root", base / "workspace", compile_hook_dir)
+    cold = child.driver(*SITES)
+    manifests_after_cold = {s: m["_path"].read_bytes() for s, m in _manifests(child.root).items()}
+    warm = child.driver(*SITES)
+    return {"child": child, "cold": cold, "warm": warm, "manifest_bytes": manifests_after_cold}
+
+
+def test_every_site_misses_cold_then_hits_warm_with_zero_compiles(shared: dict[str, Any]) -> None:
+    cold, warm = shared["cold"], shared["warm"]
+    assert cold["flashinfer"] == warm["flashinfer"] == "0.7.4"
+    cold_by, warm_by = _by_site(cold), _by_site(warm)
+    for name, site in SITES.items():
+        assert cold_by.get(site) == ["miss"], (name, cold_by.get(site))
+        assert warm_by.get(site) == ["hit"], (name, warm_by.get(site))
+    assert cold["counters"]["compiles"] == cold["counters"]["writes"] == len(SITES), cold["counters"]
+    assert cold["real_compiles"] == len(SITES)  # one real compile per site, nothing else compiled
+    assert warm["counters"]["compiles"] == 0 and warm["counters"]["hits"] == len(SITES), warm["counters"]
+    assert warm["real_compiles"] == 0, warm["stderr"][-3000:]
+    assert set(_manifests(shared["child"].root)) == set(SITES.values())
+
+
+def test_warm_kernels_answer_launches_like_the_compiled_ones(shared: dict[str, Any]) -> None:
+    """Without a GPU every launch fails after the compile or load: with the same error.
+
+    The tvm-ffi runners' error spells out the kernel's whole argument signature, so equal text
+    there is the CPU-side proof that the loaded kernel has the compiled kernel's ABI (and that
+    it was compiled for CUDA tensors: the CPU tensors we pass are refused).
+    """
+    cold, warm = shared["cold"]["sites"], shared["warm"]["sites"]
+    for name in SITES:
+        assert cold[name]["error"] and cold[name]["error"] == warm[name]["error"], name
+    for name in TVM_FFI_SITES:
+        assert "expected device_type=cuda" in cold[name]["error"], cold[name]["error"]
+
+
+def test_keys_carry_the_site_key_and_the_core_environment(shared: dict[str, Any]) -> None:
+    manifests = _manifests(shared["child"].root)
+    for site, manifest in manifests.items():
+        env = manifest["env"]
+        assert env["kind"] == "flashinfer-moe" and env["package"] == "flashinfer-python==0.7.4", site
+        assert env["arch"] == "sm_120a" and manifest["namespace"].startswith("flashinfer-moe-0.7.4-sm_120a-"), site
+    assert manifests[SITES["direct_micro"]]["key_repr"].startswith("('direct_micro', (")
+    assert "moe_direct_micro_kernel._ShapeConfig" in manifests[SITES["direct_micro"]]["key_repr"]
+    assert manifests[SITES["w4a16"]]["key_repr"].startswith('(\'["moe.w4a16.')  # the compile spec's json key
+    assert "OptLevel" in manifests[SITES["w4a16"]]["key_repr"]  # cute.compile[OptLevel(3)] options key
+    for name in OP_SITES:
+        # flashinfer's in-process key has no n and k; ours adds them (the driver runs hidden
+        # 1024, intermediate 512: fc2 maps intermediate -> hidden, the others the other way).
+        n, k = (1024, 512) if "fc2" in name else (512, 1024)
+        assert f"('n', {n}), ('k', {k})" in manifests[SITES[name]]["key_repr"], manifests[SITES[name]]["key_repr"]
+    # Sites compiled against (CPU) tensors presented as CUDA ones: global memory, as on the card.
+    assert "@gmem" in manifests[SITES["w4a4"]]["key_repr"] and "@generic" not in manifests[SITES["w4a4"]]["key_repr"]
+    # Each site's sources fingerprint is its own module's, so namespaces differ by site family.
+    assert manifests[SITES["fp8_gemm"]]["env"]["sources"] != manifests[SITES["w4a4"]]["env"]["sources"]
+
+
+def test_other_n_is_a_miss_not_a_wrong_hit(shared: dict[str, Any]) -> None:
+    """flashinfer's in-process op key lacks n and k: on disk they must separate kernels."""
+    child: Child = shared["child"]
+    other = child.driver("fp8_gemm", args=("--n", "256"))
+    assert _by_site(other) == {SITES["fp8_gemm"]: ["miss"]}
+    assert other["real_compiles"] == 1
+
+
+def test_block_dim_probe_is_stored_and_comes_back_identical(shared: dict[str, Any]) -> None:
+    cold, warm = shared["cold"], shared["warm"]
+    manifest = _manifests(shared["child"].root)[SITES["direct_micro"]]
+    probe = manifest["extra"]["block_dim_probe"]
+    # Compiled for a target profile: no driver, so the answer comes from the cubin, as the
+    # driver computes it (registers against 64 Ki per block, capped by reqntid).
+    assert probe["source"] == "cubin" and probe["target"] == TARGET
+    assert probe["block_dim"] == 512 and probe["cubin"]["ntid"] == 512 and 0 < probe["cubin"]["regs"] <= 255
+    assert probe["accepts"] is (probe["cubin"]["max_threads"] >= 512)
+    assert cold["probes"] == [512], "one probe, at compile time"
+    assert cold["block_dim_accepts"] == [probe["accepts"]]
+    # The hit hands flashinfer the stored answer and never probes again.
+    assert warm["probes"] == []
+    assert warm["block_dim_accepts"] == cold["block_dim_accepts"]
+    # The warm run left the stored side data as it was.
+    assert manifest["_path"].read_bytes() == shared["manifest_bytes"][SITES["direct_micro"]]
+
+
+def test_block_dim_answer_comes_from_disk(shared: dict[str, Any], tmp_path: Path) -> None:
+    """Flip the stored answer: a hit must give flashinfer the stored value, not a fresh probe.
+
+    flashinfer then refuses the direct micro kernel and falls back to the MMA micro kernel,
+    which it compiles and persists itself (native), so nothing of ours compiles either.
+    """
+    from cute_diskcache import entry
+
+    child: Child = shared["child"]
+    root = tmp_path / "root"
+    shutil.copytree(child.root, root)
+    manifest = _manifests(root)[SITES["direct_micro"]]
+    path = manifest.pop("_path")
+    assert manifest["extra"]["block_dim_probe"]["accepts"] is True
+    manifest["extra"]["block_dim_probe"]["accepts"] = False
+    path.write_bytes(entry.pack_manifest(manifest))
+    tampered = Child(root, tmp_path / "workspace", child.hook_dir).driver("direct_micro")
+    assert _by_site(tampered) == {SITES["direct_micro"]: ["hit"]}
+    assert tampered["block_dim_accepts"] == [False] and tampered["probes"] == []
+    assert tampered["kernels"]["micro"] == 1  # flashinfer's fallback, built by its own cache
+    assert tampered["counters"]["compiles"] == 0
+    assert tampered["real_compiles"] == 1  # the native micro kernel, nothing else
+    assert list((tmp_path / "workspace").rglob("cached_ops/b12x_moe_*/micro_*.o")), "flashinfer persisted its kernel"
+
+
+# --------------------------------------------------------------------------------------------
+# flashinfer's native sites: never two caches for one kernel; prewarm fills both
+# --------------------------------------------------------------------------------------------
+
+
+def test_prewarm_fills_both_caches_and_serving_compiles_nothing(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> None:
+    """Qwen3-235B-A22B at TP 4 (n=384): m=1 takes our direct micro kernel, m=9 a native static one."""
+    child = Child(tmp_path / "root", tmp_path / "workspace", compile_hook_dir)
+    args = ["cute_diskcache.prewarm", "--model", "qwen3-235b-a22b", "--tp", "4", "--target", TARGET,
+            "--max-num-tokens", "4096", "--m", "1,9", "--jobs", "2", "--json"]
+    plan = json.loads(child.module(*args, "--dry-run").stdout)
+    assert plan["by_kind"] == {"direct_micro": 1, "native-static": 1}, plan
+    done = json.loads(child.module(*args).stdout)
+    assert done["failed"] == 0 and done["compiled"] == 2, done
+    natives = list(child.workspace.rglob("cached_ops/b12x_moe_*/static_*.o"))
+    assert len(natives) == 1, "flashinfer's own cache holds the static kernel"
+    entries = _manifests(child.root)
+    assert set(entries) == {SITES["direct_micro"]}, "ours holds only the kernel flashinfer does not persist"
+
+    served = _json_report(child.module("cute_diskcache._probe", "--target", TARGET, "--shape", "128,8,4096,384",
+                                       "--max-num-tokens", "4096", "--m", "1", "9"))
+    assert served["real_compiles"] == 0, served["stderr"][-3000:]
+    assert served["counters"]["hits"] == 1 and served["counters"]["compiles"] == 0
+    native = [e for r in served["records"] for e in r["native"]]
+    assert [(e["kind"], e["outcome"]) for e in native] == [("native-static", "hit")]
+    again = json.loads(child.module(*args).stdout)
+    assert again["already_cached"] == 2 and again["compiled"] == 0, again
+
+
+def test_prewarm_refuses_w4a16_offline_with_the_reason(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> None:
+    """0.7.4 decides W4A16 routes on ``topk_ids.is_cuda``: a CPU plan would silently miss kernels."""
+    cfg = tmp_path / "model"
+    cfg.mkdir()
+    (cfg / "config.json").write_text(json.dumps({
+        "model_type": "qwen3_moe", "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+        "hidden_size": 2048, "quantization_config": {"quant_method": "modelopt", "quant_algo": "W4A16_NVFP4"},
+    }))
+    child = Child(tmp_path / "root", tmp_path / "workspace", compile_hook_dir)
+    proc = subprocess.run([fi074, "-m", "cute_diskcache.prewarm", "--model", str(cfg), "--target", TARGET,
+                           "--max-num-tokens", "64", "--dry-run"], env=child.env(), capture_output=True, text=True,
+                          timeout=TIMEOUT_S, cwd=compile_hook_dir)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "no exact offline plan" in proc.stderr and "W4A16" in proc.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# doctor
+# --------------------------------------------------------------------------------------------
+
+
+def test_doctor_on_074(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> None:
+    child = Child(tmp_path / "root", tmp_path / "workspace", compile_hook_dir)
+    report = json.loads(child.module("cute_diskcache.doctor", "--json").stdout)
+    assert report["flashinfer"] == "0.7.4" and report["verified"] is True
+    status = {f"{s['file']}:{s['function']}": s["status"] for s in report["sites"]}
+    assert {site for site, st in status.items() if st == "flashinfer"} == NATIVE_SITES
+    assert report["summary"]["nothing"] == 0, [s for s, st in status.items() if st == "nothing"]
+    ours = {site for site, st in status.items() if st == "cute-diskcache"}
+    assert {"moe_direct_micro_kernel.py:compile_direct_micro_kernel", "moe_w4a16_compiler.py:compile",
+            "moe_nvfp4_w4a4.py:run_moe_w4a4", "moe_nvfp4_w4a16.py:run_moe_w4a16"} <= ours
+    assert {f"moe_{name}.py:compiled_kernel" for name in OP_SITES} <= ours
+    # moe_w4a16_kernel compiles through the W4A16 wrapper, so it is covered through it.
+    assert {s for s in ours if s.startswith("moe_w4a16_kernel.py:")} == {
+        f"moe_w4a16_kernel.py:compile_w4a16_{k}" for k in ("gemm", "fused_moe", "activation", "topk_sum")}
+    assert report["missing_adapter_sites"] == []
+    assert report["root"] == str(child.root) and report["native_cache_dir"].startswith(str(child.workspace))
+    text = child.module("cute_diskcache.doctor").stdout
+    assert "cute-diskcache 16  flashinfer 3  nothing 0" in text
+    strict = subprocess.run([fi074, "-m", "cute_diskcache.doctor", "--strict"], env=child.env(),
+                            capture_output=True, text=True, timeout=120, cwd=compile_hook_dir)
+    assert strict.returncode == 0, strict.stdout
