@@ -18,8 +18,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at start-
 if TYPE_CHECKING:
     from typing import Any, Callable
 
-from ._version import __version__
-from .activation import install, uninstall
+from ._version import __version__  # noqa: E402
+from .activation import install, uninstall  # noqa: E402
 
 __all__ = ["__version__", "install", "uninstall", "cached_compile", "counters"]
 

@@ -38,7 +38,6 @@ class Counters:
         return asdict(self)
 
 
-
 class CompileCache:
     """A store plus the process's counters.
 

@@ -983,23 +983,22 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _setup_logging(verbose: int) -> None:
+def _setup_logging(verbose: int) -> logging.Handler | None:
     """The commands report what they did themselves; the library's log lines (written for a
     serving process: "recompiling", "refuses root") show only with ``-v``."""
     logger = logging.getLogger("cute_diskcache")
+    handler = None
     if verbose and not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("cute-diskcache: %(levelname)s %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.ERROR)
+    return handler
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    logger = logging.getLogger("cute_diskcache")
-    level = logger.level
-    _setup_logging(args.verbose)
     if getattr(args, "older_than_text", None) is not None:
         try:
             args.older_than = parse_duration(args.older_than_text)
@@ -1007,6 +1006,9 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(str(exc))
     elif args.cmd == "prune":
         args.older_than = None
+    logger = logging.getLogger("cute_diskcache")
+    level = logger.level
+    handler = _setup_logging(args.verbose)  # undone below: main() also runs inside other programs and tests
     try:
         return int(args.fn(args))
     except CliError as exc:
@@ -1020,6 +1022,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         logger.setLevel(level)
+        if handler is not None:
+            logger.removeHandler(handler)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import io
 import logging
 import os
 import socket

@@ -13,7 +13,6 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import torch
 
 from cute_diskcache import entry
