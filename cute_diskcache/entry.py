@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import msgpack
 
-from . import _version, trust
+from . import _version, hostcpu, trust
 from .key import FORMAT_VERSION, CacheKey
 
 log = logging.getLogger("cute_diskcache")
@@ -220,6 +220,7 @@ def build_manifest(key: CacheKey, art: Artifact, payloads: dict[str, list[dict[s
         "created": time.time(),
         "host": socket.gethostname(),
         "writer": f"cute-diskcache {_version.__version__}",
+        "host_isa": list(hostcpu.isa_extensions()),
         "extra": art.extra,
     }
 
@@ -370,6 +371,9 @@ def _check_types(manifest: dict[str, Any]) -> None:
     for name, typ in _FIELD_TYPES.items():
         if not isinstance(manifest.get(name), typ):
             raise EntryError("manifest", f"field {name!r} missing or of the wrong type")
+    isa = manifest.get("host_isa", [])
+    if not (isinstance(isa, list) and len(isa) <= 512 and all(isinstance(f, str) for f in isa)):
+        raise EntryError("manifest", "field 'host_isa' is not a list of strings")
     for role, items in manifest["payloads"].items():
         if role not in _ROLES or not isinstance(items, list):
             raise EntryError("manifest", f"unknown payload role {role!r}")
@@ -413,6 +417,9 @@ def verify(entry_dir: Path, manifest: dict[str, Any], key: CacheKey | None) -> b
             raise EntryError("stale", f"environment differs in {', '.join(diff) or 'digest'}")
         if manifest["key_bytes"] != key.key_bytes or manifest["digest"] != key.digest:
             raise EntryError("foreign", "entry holds another key")
+        lacking = hostcpu.missing(manifest.get("host_isa") or [])
+        if lacking:
+            raise EntryError("host-cpu", f"built on a CPU with {', '.join(lacking[:6])}, which this CPU lacks")
     obj: bytes | None = None
     for role, items in manifest["payloads"].items():
         for item in items:

@@ -563,3 +563,52 @@ def test_temp_names_are_unique_per_host_process_and_call(tmp_path: Path) -> None
     for name in (a.name, b.name):
         assert name.startswith(".tmp.manifest.msgpack.")
         assert socket.gethostname() in name and str(os.getpid()) in name
+
+
+# --------------------------------------------------------------------------------------------
+# Host CPU: an object built on a CPU with extensions this one lacks is never loaded
+# --------------------------------------------------------------------------------------------
+
+
+def test_entry_records_the_build_cpu_extensions(written: tuple[Path, dict[str, Any]]) -> None:
+    from cute_diskcache import hostcpu
+
+    _, manifest = written
+    assert manifest["host_isa"] == list(hostcpu.isa_extensions())
+
+
+def test_entry_from_a_cpu_with_more_extensions_is_a_miss(written: tuple[Path, dict[str, Any]], key: CacheKey) -> None:
+    from cute_diskcache import hostcpu
+
+    if not hostcpu.isa_extensions():
+        pytest.skip("this host exposes no /proc/cpuinfo flags")
+    entry_dir, manifest = written
+    rewrite_manifest(entry_dir, {**manifest, "host_isa": [*manifest["host_isa"], "avx1024_imaginary"]})
+    with pytest.raises(EntryError) as err:
+        _load(entry_dir, key)
+    assert err.value.reason == "host-cpu" and "avx1024_imaginary" in str(err.value)
+
+
+def test_entry_from_a_cpu_with_fewer_extensions_loads(written: tuple[Path, dict[str, Any]], key: CacheKey) -> None:
+    entry_dir, manifest = written
+    rewrite_manifest(entry_dir, {**manifest, "host_isa": manifest["host_isa"][:1]})
+    assert _load(entry_dir, key)
+
+
+@pytest.mark.parametrize("bad", ["avx2", [1, 2], ["x"] * 600])
+def test_malformed_host_isa_is_refused(written: tuple[Path, dict[str, Any]], key: CacheKey, bad: Any) -> None:
+    entry_dir, manifest = written
+    rewrite_manifest(entry_dir, {**manifest, "host_isa": bad})
+    with pytest.raises(EntryError):
+        _load(entry_dir, key)
+
+
+def test_isa_extensions_filter_keeps_only_instruction_sets() -> None:
+    from cute_diskcache import hostcpu
+
+    isa = hostcpu.isa_extensions()
+    assert "hypervisor" not in isa and "ht" not in isa
+    import platform
+
+    if platform.machine() == "x86_64" and isa:
+        assert "sse2" in isa or "avx" in isa

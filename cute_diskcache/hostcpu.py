@@ -1,0 +1,49 @@
+"""The host CPU's instruction-set extensions, for objects built on one machine and loaded on another.
+
+An exported object is host launch code plus a cubin, and the DSL tunes the host code for the CPU
+that compiled it (measured: the same kernel built on our CPU box and on the H200's host differs
+in 128 bytes of x86 host code). An offline prewarm on a build box with, say, AVX-512 could then
+hand a GPU box without it code that dies on an illegal instruction. Entries record the build
+CPU's extensions; a loading CPU that lacks any of them treats the entry as a miss. This is
+conservative (the code may not use every extension the build CPU had) but never crashes.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import re
+
+# x86 extension names as /proc/cpuinfo spells them; everything else there (ht, hypervisor,
+# cpuid bits, bug flags...) varies between identical hosts and VMs and says nothing about code.
+_X86_ISA = re.compile(
+    r"^(sse\d?(_\d)?|ssse3|sse4a|avx.*|amx.*|fma4?|f16c|bmi\d|adx|movbe|popcnt|abm|lzcnt|gfni|vaes|"
+    r"vpclmulqdq|pclmulqdq|aes|sha_ni|xop|cx16|rdrand|rdseed|xsave.*|apx.*)$"
+)
+
+
+@functools.lru_cache(maxsize=None)
+def isa_extensions() -> tuple[str, ...]:
+    """This CPU's ISA extensions (sorted); empty where /proc/cpuinfo is unavailable."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            text = fh.read(1 << 20)
+    except OSError:
+        return ()
+    machine = platform.machine().lower()
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip().lower()
+        if machine in ("x86_64", "amd64", "i686") and name == "flags":
+            return tuple(sorted(f for f in value.split() if _X86_ISA.match(f)))
+        if machine in ("aarch64", "arm64") and name == "features":
+            return tuple(sorted(value.split()))  # every aarch64 feature word is an ISA feature
+    return ()
+
+
+def missing(recorded: list[str] | tuple[str, ...]) -> list[str]:
+    """Extensions the build CPU had that this one lacks (empty if we cannot tell)."""
+    here = set(isa_extensions())
+    if not here:
+        return []
+    return sorted(set(recorded) - here)
