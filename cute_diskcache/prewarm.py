@@ -64,6 +64,7 @@ class Kernel:
     ms: list[int] = field(default_factory=list)
     status: str = "planned"  # planned | cached | compiled | failed
     native: bool = False  # flashinfer >= 0.6.18 persists it in its own cache, not ours
+    key: Any = None  # the CacheKey the site asked for (ours only)
     path: str | None = None  # native: flashinfer's object file
     seconds: float = 0.0
     bytes: int = 0
@@ -103,7 +104,7 @@ def plan(shape: Any, ms: list[int], max_num_tokens: int) -> dict[str, Kernel]:
             # flashinfer memoises what a site returned, so an m whose kernel was already
             # planned requests nothing new: it needs no extra kernel.
             for req in requested[before:]:
-                k = kernels.setdefault(req["digest"], Kernel(req["digest"], req["kind"], native=bool(req.get("native"))))
+                k = kernels.setdefault(req["digest"], Kernel(req["digest"], req["kind"], native=bool(req.get("native")), key=req.get("key")))
                 if req.get("native"):
                     k.path = req.get("path")
                 if req.get("cached"):  # native: flashinfer's cache already has it
@@ -117,23 +118,18 @@ def _entry_size(path: Path) -> int:
 
 
 def mark_cached(kernels: dict[str, Kernel]) -> None:
-    """Flag kernels whose entry exists and verifies (checksums included; no load)."""
-    from . import entry
+    """Flag kernels the serving engine would hit: the store's own lookup, with every check
+    serving applies (trust, links, environment, arch, host CPU, checksums), no load."""
     from .cache import default_cache
 
     store = default_cache().store
-    root = store.root / "v1"
     for k in kernels.values():
         if k.native:  # flashinfer's own cache; planning already asked it
             if k.status == "cached" and k.path and os.path.isfile(k.path):
                 k.bytes = os.path.getsize(k.path)
             continue
-        for ns in root.glob(f"*/{k.digest[:2]}/{k.digest}"):
-            try:
-                entry.verify(ns, entry.read_manifest(ns), None)
-            except entry.EntryError:
-                continue
-            k.status, k.bytes = "cached", _entry_size(ns)
+        if k.key is not None and store.lookup(k.key) is not None:
+            k.status, k.bytes = "cached", _entry_size(store.entry_dir(k.key))
 
 
 # --------------------------------------------------------------------------------------------
@@ -242,9 +238,8 @@ def compile_missing(kernels: list[Kernel], shape: Any, args: argparse.Namespace,
                     k.bytes = native_obj.stat().st_size if native_obj and native_obj.is_file() else 0
                 elif not msg.get("writable", True):
                     k.status, k.error = "failed", "compiled but the cache root is not writable"
-                for path in (store.root / "v1").glob(f"*/{k.digest[:2]}/{k.digest}"):
-                    if (path / entry.MANIFEST).exists():
-                        k.bytes = _entry_size(path)
+                if k.key is not None and (store.entry_dir(k.key) / entry.MANIFEST).exists():
+                    k.bytes = _entry_size(store.entry_dir(k.key))
             w.current = None
             progress.update(1)
         if todo:
