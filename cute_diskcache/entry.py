@@ -22,13 +22,13 @@ import stat
 import struct
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import msgpack
 
-from . import _version, hostcpu, trust
+from . import _version, devicefacts, hostcpu, trust
 from .key import FORMAT_VERSION, CacheKey
 
 log = logging.getLogger("cute_diskcache")
@@ -66,6 +66,8 @@ class Artifact:
     compile_seconds: float
     export_seconds: float
     extra: dict[str, Any]
+    # the device facts the compile read (.devicefacts.recording's record)
+    device: dict[str, Any] = field(default_factory=lambda: {"source": "none", "name": "", "facts": {}})
 
 
 def symbol_for(digest: str) -> str:
@@ -73,7 +75,13 @@ def symbol_for(digest: str) -> str:
     return f"cdc_{digest[:24]}"
 
 
-def export(compiled: Any, digest: str, compile_seconds: float, extra: dict[str, Any] | None = None) -> Artifact:
+def export(
+    compiled: Any,
+    digest: str,
+    compile_seconds: float,
+    extra: dict[str, Any] | None = None,
+    device: dict[str, Any] | None = None,
+) -> Artifact:
     """Turn a ``cute.compile`` result into bytes with the DSL's own exporters.
 
     ``--enable-tvm-ffi`` compiles export through ``export_to_c`` (an object whose
@@ -105,6 +113,7 @@ def export(compiled: Any, digest: str, compile_seconds: float, extra: dict[str, 
         compile_seconds=compile_seconds,
         export_seconds=time.perf_counter() - t0,
         extra=dict(extra or {}),
+        **({"device": dict(device)} if device else {}),
     )
 
 
@@ -221,6 +230,7 @@ def build_manifest(key: CacheKey, art: Artifact, payloads: dict[str, list[dict[s
         "host": socket.gethostname(),
         "writer": f"cute-diskcache {_version.__version__}",
         "host_isa": list(hostcpu.isa_extensions()),
+        "device": art.device,
         "extra": art.extra,
     }
 
@@ -371,6 +381,8 @@ def _check_types(manifest: dict[str, Any]) -> None:
     for name, typ in _FIELD_TYPES.items():
         if not isinstance(manifest.get(name), typ):
             raise EntryError("manifest", f"field {name!r} missing or of the wrong type")
+    if not devicefacts.validate(manifest.get("device")):
+        raise EntryError("manifest", "field 'device' missing or malformed")
     isa = manifest.get("host_isa", [])
     if not (isinstance(isa, list) and len(isa) <= 512 and all(isinstance(f, str) for f in isa)):
         raise EntryError("manifest", "field 'host_isa' is not a list of strings")
@@ -420,6 +432,9 @@ def verify(entry_dir: Path, manifest: dict[str, Any], key: CacheKey | None) -> b
         lacking = hostcpu.missing(manifest.get("host_isa") or [])
         if lacking:
             raise EntryError("host-cpu", f"built on a CPU with {', '.join(lacking[:6])}, which this CPU lacks")
+        why = devicefacts.mismatch(manifest["device"])
+        if why is not None:
+            raise EntryError("device", why)
     obj: bytes | None = None
     for role, items in manifest["payloads"].items():
         for item in items:

@@ -181,6 +181,12 @@ def dsl_stack_string(stack: Iterable[tuple[str, str]] | None = None) -> str:
     return ",".join(f"{n}=={v}" for n, v in (dsl_stack() if stack is None else stack))
 
 
+def _device_class() -> str:
+    from .devicefacts import device_class  # imports targets; kept off the import of this module
+
+    return device_class()
+
+
 def current_arch() -> str:
     """The arch the DSL will compile for: ``CUTE_DSL_ARCH``, else the DSL's own detection."""
     arch = os.environ.get("CUTE_DSL_ARCH")
@@ -258,6 +264,9 @@ class Environment:
     dsl: tuple[tuple[str, str], ...] = field(default_factory=dsl_stack)
     codegen_env: tuple[tuple[str, str], ...] = field(default_factory=lambda: tuple(codegen_env().items()))
     machine: str = field(default_factory=platform.machine)  # host code: x86_64 vs aarch64 (DGX Spark)
+    # capability and SM count of the card compiled for (a target profile's or the live one's);
+    # the other device facts a compile reads are recorded in its manifest (see .devicefacts)
+    device: str = field(default_factory=lambda: _device_class())
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -269,6 +278,7 @@ class Environment:
             "dsl": [list(p) for p in self.dsl],
             "codegen_env": [list(p) for p in self.codegen_env],
             "machine": self.machine,
+            "device": self.device,
         }
 
     @functools.cached_property

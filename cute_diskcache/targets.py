@@ -178,35 +178,20 @@ def apply_from_env() -> DeviceProfile | None:
 
 
 def apply_driver_attributes(profile: DeviceProfile | None = None) -> bool:
-    """Answer the DSL's driver attribute queries from ``profile`` (default: the active one).
+    """Answer the DSL's driver attribute queries from the active profile (see :mod:`.devicefacts`).
 
-    Only the attributes the profile knows are answered; any other query goes to the real
-    driver as before (and fails there without a GPU, loudly, instead of compiling against a
-    made-up value). Idempotent; False when no profile is active or the DSL is not installed.
+    Only the attributes the profile knows are answered; any other query raises
+    :class:`~.devicefacts.MissingDeviceFact` naming it, so a compile never bakes in a guess or
+    the attributes of whatever other card is in the machine. Idempotent; False when no profile
+    is active or the DSL is not installed.
     """
-    p = profile or _active
-    if p is None:
+    if (profile or _active) is None:
         return False
-    try:
-        import cutlass.base_dsl.runtime.cuda as dsl_cuda
-    except ImportError:
-        return False
-    current = dsl_cuda.get_device_attribute
-    if getattr(current, "_cdc_profile", None) == p.name:
-        return True
-    real = getattr(current, "_cdc_real", current)
-    known = {getattr(dsl_cuda.cuda.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}"): value
-             for name, value in p.driver_attributes().items()}
+    if profile is not None and profile != _active:
+        raise RuntimeError(f"driver attributes are answered from the active profile ({_active and _active.name}), not {profile.name}")
+    from . import devicefacts
 
-    def get_device_attribute(attribute: Any, device_id: int = 0) -> Any:
-        if attribute in known:
-            return known[attribute]
-        return real(attribute, device_id)
-
-    get_device_attribute._cdc_profile = p.name  # type: ignore[attr-defined]
-    get_device_attribute._cdc_real = real  # type: ignore[attr-defined]
-    dsl_cuda.get_device_attribute = get_device_attribute
-    return True
+    return devicefacts.install_hook()
 
 
 class CudaPresented:
