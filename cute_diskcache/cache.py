@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from . import config, entry, eviction, locking, stats
+from . import config, devicefacts, entry, eviction, locking, stats
 from .key import CacheKey
 from .store import Store
 
@@ -134,7 +134,8 @@ class CompileCache:
         # created with a private mode before the statistics write into it.
         self.store.can_write()
         t0 = time.perf_counter()
-        kernel = compile_fn()
+        with devicefacts.recording() as device:
+            kernel = compile_fn()
         seconds = time.perf_counter() - t0
         extra = extra_fn(kernel) if extra_fn is not None else {}
         with self._lock:
@@ -149,7 +150,7 @@ class CompileCache:
         t_persist = time.perf_counter()
         if self.store.can_write():
             try:
-                art = entry.export(kernel, key.digest, seconds, extra)
+                art = entry.export(kernel, key.digest, seconds, extra, device)
                 manifest = self.store.commit(key, art)
                 wrote = manifest is not None
                 if manifest is not None:
