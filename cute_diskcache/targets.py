@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -33,6 +34,9 @@ class DeviceProfile:
     max_shared_memory_per_multiprocessor: int
     max_shared_memory_per_block_optin: int
     total_memory: int
+    # Driver attributes that differ from (or are missing in) the defaults below: for a card we
+    # do not list, or a card variant; ``None`` removes an attribute, so a compile reading it fails.
+    attributes: tuple[tuple[str, int | None], ...] = ()
 
     def max_active_clusters(self, cluster_size: int) -> int:
         return max(1, self.max_active_clusters_1 // max(1, cluster_size))
@@ -41,6 +45,7 @@ class DeviceProfile:
         """What gets recorded in a manifest as the device a kernel was built against."""
         d = asdict(self)
         d["capability"] = list(self.capability)
+        d["attributes"] = dict(self.attributes)
         return d
 
     def driver_attributes(self) -> dict[str, int]:
@@ -50,7 +55,7 @@ class DeviceProfile:
         ``smem.max_smem_per_mp`` for kernels with ``min_blocks_per_mp > 1``), so an offline
         compile must be given the card's values, not a guess.
         """
-        return {
+        attrs: dict[str, int | None] = {
             "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR": self.max_shared_memory_per_multiprocessor,
             "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": self.max_shared_memory_per_block_optin,
             "MULTIPROCESSOR_COUNT": self.sm_count,
@@ -61,6 +66,8 @@ class DeviceProfile:
             "MAX_REGISTERS_PER_MULTIPROCESSOR": 65536,
             "WARP_SIZE": 32,
         }
+        attrs.update((name.upper(), value) for name, value in self.attributes)
+        return {name: value for name, value in attrs.items() if value is not None}
 
 
 _SM120_SMEM = dict(max_shared_memory_per_multiprocessor=102400, max_shared_memory_per_block_optin=101376)
@@ -96,10 +103,43 @@ class UnknownProfileError(ValueError):
 
 
 def get(name: str) -> DeviceProfile:
+    """A bundled profile by name, or one read from a JSON file (a path ending in ``.json``)."""
+    if name.endswith(".json"):
+        return load(name)
     try:
         return PROFILES[name.lower().replace("_", "-")]
     except KeyError:
-        raise UnknownProfileError(f"unknown target profile {name!r}; known: {', '.join(PROFILES)}") from None
+        raise UnknownProfileError(f"unknown target profile {name!r}; known: {', '.join(PROFILES)}, or a .json file") from None
+
+
+def load(path: str | os.PathLike[str]) -> DeviceProfile:
+    """A profile from JSON: ``{"base": "rtx-5090", "name": ..., "sm_count": ..., "attributes": {...}}``.
+
+    For a card the bundled table lacks: start from the closest ``base`` and give the values
+    read on the card (``nvidia-smi -q``, ``cudaGetDeviceProperties``). Unknown fields are an
+    error, not ignored: a misspelt fact must not silently compile against the base's value.
+    """
+    import dataclasses
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            spec = json.load(fh)
+    except (OSError, ValueError) as exc:
+        raise UnknownProfileError(f"cannot read target profile {path}: {exc}") from None
+    if not isinstance(spec, dict):
+        raise UnknownProfileError(f"target profile {path}: expected a JSON object")
+    base = get(str(spec.pop("base", DEFAULT_PROFILE)))
+    fields = {f.name for f in dataclasses.fields(DeviceProfile)}
+    unknown = sorted(set(spec) - fields)
+    if unknown:
+        raise UnknownProfileError(f"target profile {path}: unknown fields {', '.join(unknown)}; known: {', '.join(sorted(fields))}")
+    if "capability" in spec:
+        spec["capability"] = tuple(spec["capability"])
+    if "attributes" in spec:
+        spec["attributes"] = tuple(sorted((str(k).upper(), v) for k, v in dict(spec["attributes"]).items()))
+    spec.setdefault("name", Path(path).stem)
+    return dataclasses.replace(base, **spec)
 
 
 class _Props:

@@ -28,23 +28,8 @@ logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="LOG %(leve
 from cute_diskcache import targets  # noqa: E402
 
 base = targets.get(args.profile)
-
-
-@dataclasses.dataclass(frozen=True)
-class Altered(targets.DeviceProfile):
-    changes: tuple[tuple[str, int], ...] = ()
-    dropped: tuple[str, ...] = ()
-
-    def driver_attributes(self) -> dict[str, int]:
-        attrs = super().driver_attributes()
-        attrs.update(dict(self.changes))
-        for name in self.dropped:
-            attrs.pop(name, None)
-        return attrs
-
-
-changes = tuple((k, int(v)) for k, v in (s.split("=", 1) for s in args.set))
-profile = Altered(**{f.name: getattr(base, f.name) for f in dataclasses.fields(base)}, changes=changes, dropped=tuple(args.drop))
+changes = tuple((k, int(v)) for k, v in (s.split("=", 1) for s in args.set)) + tuple((k, None) for k in args.drop)
+profile = dataclasses.replace(base, attributes=changes)
 targets.apply(profile)
 targets.apply_driver_attributes()
 

@@ -235,3 +235,17 @@ def test_another_card_model_gets_its_own_entry(tmp_path: Path) -> None:
     assert devices == ["cc12.0-170sm", "cc12.0-188sm"]
     again, _ = _child(cache)
     assert (again["counters"]["hits"], again["counters"]["compiles"]) == (1, 0)
+
+
+def test_profile_from_json_overrides_and_drops_attributes(tmp_path: Path) -> None:
+    path = tmp_path / "rtx-5060-ti.json"
+    path.write_text(json.dumps({"base": "rtx-5090", "device_name": "NVIDIA GeForce RTX 5060 Ti", "sm_count": 36,
+                                "max_active_clusters_1": 36, "attributes": {"max_threads_per_block": None, "L2_CACHE_SIZE": 33554432}}))
+    p = targets.get(str(path))
+    assert (p.name, p.sm_count, p.arch) == ("rtx-5060-ti", 36, "sm_120a")
+    attrs = p.driver_attributes()
+    assert attrs["MULTIPROCESSOR_COUNT"] == 36 and attrs["L2_CACHE_SIZE"] == 33554432
+    assert "MAX_THREADS_PER_BLOCK" not in attrs
+    path.write_text(json.dumps({"base": "rtx-5090", "sm_cuont": 36}))
+    with pytest.raises(targets.UnknownProfileError, match="sm_cuont"):
+        targets.get(str(path))
