@@ -612,3 +612,23 @@ def test_isa_extensions_filter_keeps_only_instruction_sets() -> None:
 
     if platform.machine() == "x86_64" and isa:
         assert "sse2" in isa or "avx" in isa
+
+
+def test_intrinsic_only_extensions_are_not_recorded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An AMD build box's sse4a / avx512_vp2intersect / xsaveerptr made its entries misses on an
+    Intel GPU host they ran correctly on (measured on the H200); LLVM never emits those on its own."""
+    import builtins
+    import io
+
+    from cute_diskcache import hostcpu
+
+    amd = "processor\t: 0\nflags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 sse4a popcnt avx avx2 fma bmi1 bmi2 avx512f " \
+          "avx512_vp2intersect xsave xsaveerptr rdrand aes vaes sha_ni hypervisor\n"
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *a, **k: io.StringIO(amd) if path == "/proc/cpuinfo" else real_open(path, *a, **k))
+    monkeypatch.setattr(hostcpu.platform, "machine", lambda: "x86_64")
+    hostcpu.isa_extensions.cache_clear()
+    try:
+        assert hostcpu.isa_extensions() == ("avx", "avx2", "avx512f", "bmi1", "bmi2", "fma", "popcnt", "sse", "sse2", "sse4_1", "sse4_2", "ssse3")
+    finally:
+        hostcpu.isa_extensions.cache_clear()
