@@ -91,7 +91,10 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.synchronize()
         out["output_sha256"] = hashlib.sha256(x.cpu().numpy().tobytes()).hexdigest()
         expected = (torch.arange(N, dtype=torch.float32) / 7.0) * 1.5 + 0.25
-        out["output_matches_reference"] = bool(torch.equal(x.cpu(), expected))
+        # torch computes x * 1.5 then + 0.25 (two roundings); the kernel may contract them into
+        # one FMA (one rounding), so the reference is compared within an ulp, builds bitwise.
+        out["max_abs_diff_vs_reference"] = float((x.cpu() - expected).abs().max())
+        out["output_matches_reference"] = bool(torch.allclose(x.cpu(), expected, rtol=2**-22, atol=0))
     return out
 
 
