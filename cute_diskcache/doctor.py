@@ -50,6 +50,8 @@ def render(report: dict[str, Any], json: bool = False) -> str:
     if report.get("native_cache_dir"):
         state = "OFF (FLASHINFER_CUTE_DSL_DISABLE_CACHE=1)" if report.get("native_cache_disabled") else "on"
         lines.append(f"flashinfer cache {report['native_cache_dir']}  ({state})")
+    if report.get("native_sites"):
+        lines.append(f"  native sites   served by {report['native_sites']} (CUTE_DISKCACHE_NATIVE_SITES)")
     sites = report.get("sites", [])
     lines += [
         "",

@@ -21,7 +21,11 @@ SM12X = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x"
 E, K, M = 8, 1024, 16  # op and runner sites: experts, hidden, routed rows (intermediate: --n)
 # Direct micro: E128 top-8 hidden 2048 intermediate 512 (n <= 512 takes the direct micro kernel).
 # W4A16: 8 experts, top-4: flashinfer repacks W4A16 weights on the host, ~0.1 s per expert on CPU.
-WRAPPER_SHAPES = {"nvfp4": (128, 8, 2048, 512), "w4a16": (8, 4, 1024, 256)}
+# native_micro: intermediate 768 > 512 takes moe_dispatch's MMA micro kernel, one of the three
+# flashinfer caches natively (build_and_load_cute_dsl_kernel).
+WRAPPER_SHAPES = {"nvfp4": (128, 8, 2048, 512), "w4a16": (8, 4, 1024, 256), "native_micro": (8, 2, 1024, 768)}
+#: flashinfer's native-cache records (opt-out mode) of every wrapper run, in order.
+NATIVE_EVENTS: list[dict[str, Any]] = []
 
 
 def _ops(N: int) -> dict[str, Callable[[], Any]]:  # noqa: N803 - the intermediate size
@@ -85,11 +89,12 @@ def _run_moe(module: str, fn: str, extra_scales: int, N: int) -> Callable[[], An
     return go
 
 
-def _wrapper(quant_mode: str) -> Callable[[], Any]:
+def _wrapper(quant_mode: str, shape: str | None = None) -> Callable[[], Any]:
     def go() -> Any:
         from cute_diskcache import flashinfer_sites
 
-        record = flashinfer_sites.Dispatcher(*WRAPPER_SHAPES[quant_mode], max_num_tokens=256, quant_mode=quant_mode).run(1)
+        record = flashinfer_sites.Dispatcher(*WRAPPER_SHAPES[shape or quant_mode], max_num_tokens=256, quant_mode=quant_mode).run(1)
+        NATIVE_EVENTS.extend(record["native"])
         if record["launch_error"] is None:
             return None
         raise RuntimeError(record["launch_error"])
@@ -134,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     drivers: dict[str, Callable[[], Any]] = {
         "direct_micro": _wrapper("nvfp4"),
         "w4a16": _wrapper("w4a16"),
+        "native_micro": _wrapper("nvfp4", "native_micro"),
         "w4a4": _run_moe("moe_nvfp4_w4a4", "run_moe_w4a4", 2, args.n),
         "nvfp4_w4a16": _run_moe("moe_nvfp4_w4a16", "run_moe_w4a16", 0, args.n),
         **_ops(args.n),
@@ -150,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     md = sys.modules.get(f"{SM12X}.moe_dispatch")
     direct = getattr(md, "_DIRECT_MICRO_KERNEL_CACHE", {}) if md else {}
     cache = default_cache()
+    from flashinfer.jit.cute_dsl_core import _get_cute_dsl_version
+
     out = {
         "cute_diskcache_file": cute_diskcache.__file__,
         "flashinfer": flashinfer_sites.flashinfer_version(),
@@ -160,6 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         "kernels": flashinfer_sites.kernel_cache_sizes(),
         "block_dim_accepts": [bool(v[1]) for v in direct.values()],
         "probes": probes,
+        "native_events": NATIVE_EVENTS,
+        "serving_native": v0_7.serving_native(),
+        # What flashinfer's native cache keys on of torch (its meta.json fingerprint).
+        "native_torch_fingerprint": [p for p in _get_cute_dsl_version().split(";") if p.startswith("torch")],
     }
     print(json.dumps(out), flush=True)
     return 0

@@ -92,6 +92,12 @@ NEW_RELEASE = {
 
         def _get_static_kernel(key):
             return build_and_load_cute_dsl_kernel("m", "static_x", lambda: cute.compile(key))
+
+        def _get_micro_kernel(key):
+            return build_and_load_cute_dsl_kernel("m", "micro_x", lambda: cute.compile(key))
+
+        def _get_dynamic_kernel(key):
+            return build_and_load_cute_dsl_kernel("m", "dynamic_x", lambda: cute.compile(key))
     """,
     "moe_direct_micro_kernel.py": """
         import cutlass.cute as cute
@@ -137,7 +143,8 @@ def test_scanner_classifies_a_release_it_has_never_seen(tmp_path: Path) -> None:
     report = scan.sites_report(_tree(tmp_path, NEW_RELEASE), "0.7.9")
     status = _status(report)
     assert status == {
-        "moe_dispatch.py:_get_static_kernel": "flashinfer",
+        # flashinfer's natively cached sites: ours by default (CUTE_DISKCACHE_NATIVE_SITES).
+        **{f"moe_dispatch.py:_get_{k}_kernel": "cute-diskcache" for k in ("static", "micro", "dynamic")},
         "moe_direct_micro_kernel.py:compile_direct_micro_kernel": "cute-diskcache",
         "moe_new_thing.py:Op.compile_it": "nothing",  # the unknown site shows up, as nothing
         "moe_w4a16_compiler.py:compile": "cute-diskcache",
@@ -161,11 +168,44 @@ def test_a_renamed_adapter_site_is_reported_missing(tmp_path: Path) -> None:
     assert "adapter sites not found" in doctor.render(report)
 
 
+def test_native_sites_are_flashinfers_when_left_to_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUTE_DISKCACHE_NATIVE_SITES", "flashinfer")
+    report = scan.sites_report(_tree(tmp_path, NEW_RELEASE), "0.7.9")
+    assert {f"{s['file']}:{s['function']}" for s in report["sites"] if s["status"] == "flashinfer"} == {
+        f"moe_dispatch.py:_get_{k}_kernel" for k in ("static", "micro", "dynamic")}
+    assert report["native_sites"] == "flashinfer" and report["missing_adapter_sites"] == []
+    assert "CUTE_DISKCACHE_NATIVE_SITES=flashinfer" in report["generation"]
+
+
+@pytest.mark.parametrize("raw, expected", [(None, "cute-diskcache"), ("", "cute-diskcache"), ("flashinfer", "flashinfer"),
+                                           (" FlashInfer ", "flashinfer"), ("cute-diskcache", "cute-diskcache"),
+                                           ("native", "cute-diskcache"), ("0", "cute-diskcache")])
+def test_native_sites_setting(raw: str | None, expected: str, monkeypatch: pytest.MonkeyPatch,
+                              caplog: pytest.LogCaptureFixture) -> None:
+    """Bad input is never a crash: an unknown value keeps the default, with a warning naming it."""
+    from cute_diskcache import config
+
+    if raw is None:
+        monkeypatch.delenv("CUTE_DISKCACHE_NATIVE_SITES", raising=False)
+    else:
+        monkeypatch.setenv("CUTE_DISKCACHE_NATIVE_SITES", raw)
+    with caplog.at_level("WARNING", logger="cute_diskcache"):
+        assert config.load().native_sites == expected
+    warned = [r for r in caplog.records if "CUTE_DISKCACHE_NATIVE_SITES" in r.getMessage()]
+    assert bool(warned) == (raw is not None and raw.strip().lower() not in ("", "flashinfer", "cute-diskcache"))
+
+
 def test_native_sites_count_as_nothing_when_flashinfer_cache_is_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLASHINFER_CUTE_DSL_DISABLE_CACHE", "1")
+    monkeypatch.setenv("CUTE_DISKCACHE_NATIVE_SITES", "flashinfer")
     report = scan.sites_report(_tree(tmp_path, NEW_RELEASE), "0.7.9")
     site = next(s for s in report["sites"] if s["function"] == "_get_static_kernel")
     assert site["status"] == "nothing" and "FLASHINFER_CUTE_DSL_DISABLE_CACHE" in site["note"]
+    # Served by us, they do not depend on flashinfer's cache being on.
+    monkeypatch.delenv("CUTE_DISKCACHE_NATIVE_SITES")
+    site = next(s for s in scan.sites_report(_tree(tmp_path / "ours", NEW_RELEASE), "0.7.9")["sites"]
+                if s["function"] == "_get_static_kernel")
+    assert site["status"] == "cute-diskcache" and "CUTE_DISKCACHE_NATIVE_SITES" in site["note"]
 
 
 def test_the_same_tree_on_a_0_6_version_uses_that_generation(tmp_path: Path) -> None:

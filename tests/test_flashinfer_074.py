@@ -1,4 +1,4 @@
-"""flashinfer 0.7.4, a real install in a second interpreter: the sites its native cache misses.
+"""flashinfer 0.7.4, a real install in a second interpreter: every sm12x MoE site, native ones too.
 
 Every check runs in fresh child processes of ``$CUTE_DISKCACHE_FI074_PYTHON`` (a venv with
 flashinfer 0.7.4, the same DSL and this checkout installed; ``scripts/make_fi074_venv.sh``
@@ -6,7 +6,8 @@ makes one), driving flashinfer's own entry points on CPU tensors for the ``rtx-p
 profile (``tests/fi074_driver.py``, ``python -m cute_diskcache._probe`` and ``prewarm``).
 Real compiles are counted in the child independently of our counters (conftest's
 ``sitecustomize``). The module pays for one cold and one warm run of all twelve sites and
-reuses them; about two minutes on two cores.
+reuses them; the three sites flashinfer caches natively (served from our cache unless
+``CUTE_DISKCACHE_NATIVE_SITES=flashinfer``) get their own runs. About three minutes on two cores.
 """
 
 from __future__ import annotations
@@ -50,15 +51,18 @@ SITES = {
 }
 TVM_FFI_SITES = ("w4a4", "nvfp4_w4a16")  # their launch error prints the kernel's signature
 OP_SITES = tuple(name for name in SITES if name.startswith(("fp8_", "mxfp8_")))
-#: The three kernels flashinfer 0.7.4 persists itself (moe_dispatch, build_and_load_cute_dsl_kernel).
+#: The three kernels flashinfer 0.7.4 persists itself (moe_dispatch, build_and_load_cute_dsl_kernel);
+#: we serve them unless CUTE_DISKCACHE_NATIVE_SITES=flashinfer (OPT_OUT).
 NATIVE_SITES = {"moe_dispatch.py:_get_static_kernel", "moe_dispatch.py:_get_micro_kernel", "moe_dispatch.py:_get_dynamic_kernel"}
+NATIVE_MICRO, NATIVE_STATIC = "flashinfer.moe_dispatch.micro", "flashinfer.moe_dispatch.static"
+OPT_OUT = {"CUTE_DISKCACHE_NATIVE_SITES": "flashinfer"}
 
 
-def _env(root: Path, workspace: Path, hook_dir: Path) -> dict[str, str]:
+def _env(root: Path, workspace: Path, hook_dir: Path, front: tuple[Path, ...] = ()) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not _DROPPED_ENV.match(k)}
     env["CUTE_DISKCACHE_DIR"] = str(root)
     env["FLASHINFER_WORKSPACE_BASE"] = str(workspace)  # flashinfer's native cache: per test
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook_dir), str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*map(str, front), str(hook_dir), str(REPO), env.get("PYTHONPATH", "")) if p)
     return env
 
 
@@ -81,13 +85,18 @@ def _json_report(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 
 class Child:
-    """Runs 0.7.4 children against one cache root and one flashinfer workspace."""
+    """Runs 0.7.4 children against one cache root and one flashinfer workspace.
 
-    def __init__(self, root: Path, workspace: Path, hook_dir: Path) -> None:
+    ``extra_env`` is added to the child's environment; ``front`` goes first on its PYTHONPATH.
+    """
+
+    def __init__(self, root: Path, workspace: Path, hook_dir: Path, *,
+                 extra_env: dict[str, str] | None = None, front: tuple[Path, ...] = ()) -> None:
         self.root, self.workspace, self.hook_dir = root, workspace, hook_dir
+        self.extra_env, self.front = dict(extra_env or {}), front
 
     def env(self) -> dict[str, str]:
-        return _env(self.root, self.workspace, self.hook_dir)
+        return {**_env(self.root, self.workspace, self.hook_dir, self.front), **self.extra_env}
 
     def driver(self, *sites: str, args: tuple[str, ...] = ()) -> dict[str, Any]:
         cmd = [str(FI074), str(DRIVER), "--target", TARGET, *args, *sites]
@@ -107,6 +116,12 @@ def _manifests(root: Path) -> dict[str, dict[str, Any]]:
         manifest["_path"] = path
         out.setdefault(manifest["site"], manifest)
     return out
+
+
+def _native_objects(workspace: Path) -> dict[str, tuple[int, int]]:
+    """flashinfer's own cache of the sm12x MoE module: relative path -> (size, mtime_ns)."""
+    return {str(p.relative_to(workspace)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in workspace.rglob("cached_ops/b12x_moe_*/*") if p.is_file()}
 
 
 def _by_site(report: dict[str, Any]) -> dict[str, list[str]]:
@@ -232,8 +247,8 @@ def test_block_dim_probe_is_stored_and_comes_back_identical(shared: dict[str, An
 def test_block_dim_answer_comes_from_disk(shared: dict[str, Any], tmp_path: Path) -> None:
     """Flip the stored answer: a hit must give flashinfer the stored value, not a fresh probe.
 
-    flashinfer then refuses the direct micro kernel and falls back to the MMA micro kernel,
-    which it compiles and persists itself (native), so nothing of ours compiles either.
+    flashinfer then refuses the direct micro kernel and falls back to the MMA micro kernel, one
+    of its natively cached sites, which we serve: that is the one compile, into our cache.
     """
     from cute_diskcache import entry
 
@@ -246,41 +261,106 @@ def test_block_dim_answer_comes_from_disk(shared: dict[str, Any], tmp_path: Path
     manifest["extra"]["block_dim_probe"]["accepts"] = False
     path.write_bytes(entry.pack_manifest(manifest))
     tampered = Child(root, tmp_path / "workspace", child.hook_dir).driver("direct_micro")
-    assert _by_site(tampered) == {SITES["direct_micro"]: ["hit"]}
+    assert _by_site(tampered) == {SITES["direct_micro"]: ["hit"], NATIVE_MICRO: ["miss"]}
     assert tampered["block_dim_accepts"] == [False] and tampered["probes"] == []
-    assert tampered["kernels"]["micro"] == 1  # flashinfer's fallback, built by its own cache
-    assert tampered["counters"]["compiles"] == 0
-    assert tampered["real_compiles"] == 1  # the native micro kernel, nothing else
-    assert list((tmp_path / "workspace").rglob("cached_ops/b12x_moe_*/micro_*.o")), "flashinfer persisted its kernel"
+    assert tampered["kernels"]["micro"] == 1  # flashinfer's fallback
+    assert tampered["counters"]["compiles"] == 1 and tampered["native_events"] == []
+    assert tampered["real_compiles"] == 1  # the micro kernel, nothing else
+    assert NATIVE_MICRO in _manifests(root) and not _native_objects(tmp_path / "workspace")
 
 
 # --------------------------------------------------------------------------------------------
-# flashinfer's native sites: never two caches for one kernel; prewarm fills both
+# flashinfer's native sites (static, micro, dynamic): served from our cache, or left to flashinfer
 # --------------------------------------------------------------------------------------------
 
 
-def test_prewarm_fills_both_caches_and_serving_compiles_nothing(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> None:
-    """Qwen3-235B-A22B at TP 4 (n=384): m=1 takes our direct micro kernel, m=9 a native static one."""
+@pytest.fixture
+def gpu_torch(tmp_path: Path) -> Path:
+    """A directory that makes a child see another torch build, as the GPU box's CUDA torch.
+
+    flashinfer's native fingerprint hashes the version and RECORD of every installed torch
+    distribution; a ``torch-2.13.0+cu130.dist-info`` first on the child's path changes it (and
+    ``importlib.metadata.version("torch")``) while the torch code that runs stays the same.
+    """
+    dist = tmp_path / "gpu-torch" / "torch-2.13.0+cu130.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0+cu130\n")
+    (dist / "RECORD").write_text("torch/__init__.py,sha256=not-the-cpu-build,1\n")
+    return dist.parent
+
+
+def test_prewarm_puts_native_sites_in_our_cache_and_another_torch_build_hits(
+        fi074: str, tmp_path: Path, compile_hook_dir: Path, gpu_torch: Path) -> None:
+    """Qwen3-235B-A22B at TP 4 (n=384): m=1 takes the direct micro kernel, m=9 a static one.
+
+    The static kernel is one flashinfer caches natively, keyed on torch's build; prewarmed into
+    our cache it hits in a fresh process that sees another torch build, with flashinfer's own
+    cache directory never written on either side.
+    """
     child = Child(tmp_path / "root", tmp_path / "workspace", compile_hook_dir)
     args = ["cute_diskcache.prewarm", "--model", "qwen3-235b-a22b", "--tp", "4", "--target", TARGET,
             "--max-num-tokens", "4096", "--m", "1,9", "--jobs", "2", "--json"]
     plan = json.loads(child.module(*args, "--dry-run").stdout)
-    assert plan["by_kind"] == {"direct_micro": 1, "native-static": 1}, plan
+    assert plan["by_kind"] == {"direct_micro": 1, "static": 1}, plan
+    assert not any(k["native"] for k in plan["kernel_list"])
     done = json.loads(child.module(*args).stdout)
     assert done["failed"] == 0 and done["compiled"] == 2, done
-    natives = list(child.workspace.rglob("cached_ops/b12x_moe_*/static_*.o"))
-    assert len(natives) == 1, "flashinfer's own cache holds the static kernel"
-    entries = _manifests(child.root)
-    assert set(entries) == {SITES["direct_micro"]}, "ours holds only the kernel flashinfer does not persist"
+    assert set(_manifests(child.root)) == {SITES["direct_micro"], NATIVE_STATIC}
+    assert _native_objects(child.workspace) == {}, "flashinfer's own cache was written"
 
-    served = _json_report(child.module("cute_diskcache._probe", "--target", TARGET, "--shape", "128,8,4096,384",
-                                       "--max-num-tokens", "4096", "--m", "1", "9"))
+    serving = Child(child.root, tmp_path / "gpu-workspace", compile_hook_dir, front=(gpu_torch,))
+    served = _json_report(serving.module("cute_diskcache._probe", "--target", TARGET, "--shape", "128,8,4096,384",
+                                         "--max-num-tokens", "4096", "--m", "1", "9"))
     assert served["real_compiles"] == 0, served["stderr"][-3000:]
-    assert served["counters"]["hits"] == 1 and served["counters"]["compiles"] == 0
-    native = [e for r in served["records"] for e in r["native"]]
-    assert [(e["kind"], e["outcome"]) for e in native] == [("native-static", "hit")]
+    assert served["counters"]["hits"] == 2 and served["counters"]["compiles"] == 0
+    assert {e[0] for e in served["events"]} == {SITES["direct_micro"], NATIVE_STATIC}
+    assert [e for r in served["records"] for e in r["native"]] == []  # flashinfer's builder never ran
+    assert _native_objects(serving.workspace) == {}
     again = json.loads(child.module(*args).stdout)
     assert again["already_cached"] == 2 and again["compiled"] == 0, again
+
+
+def test_native_site_key_ignores_torch_and_flashinfers_cache_is_neither_read_nor_written(
+        fi074: str, tmp_path: Path, compile_hook_dir: Path, gpu_torch: Path) -> None:
+    """The opt-out path first (flashinfer's own cache, as before), then ours on the same workspace.
+
+    1. ``CUTE_DISKCACHE_NATIVE_SITES=flashinfer``: flashinfer builds and persists the micro
+       kernel itself; nothing of ours is involved.
+    2. Same, seeing another torch build: flashinfer's fingerprint changes and it compiles again
+       (and rewrites its module directory): the miss this strategy exists for.
+    3. Ours, on that same workspace: a miss of ours. flashinfer's valid entry is not consulted
+       and its files are left byte-for-byte and time-for-time as they were.
+    4. Ours, fresh process, the other torch build: a hit, same digest, zero compiles.
+    """
+    root, ws = tmp_path / "root", tmp_path / "workspace"
+    native = Child(root, ws, compile_hook_dir, extra_env=OPT_OUT).driver("native_micro")
+    assert native["serving_native"] is False and native["events"] == []
+    assert [(e["kind"], e["outcome"]) for e in native["native_events"]] == [("native-micro", "miss")]
+    assert native["real_compiles"] == 1
+    assert any(p.endswith(".o") and "/micro_" in p for p in _native_objects(ws)), _native_objects(ws)
+
+    rebuilt = Child(root, ws, compile_hook_dir, extra_env=OPT_OUT, front=(gpu_torch,)).driver("native_micro")
+    assert rebuilt["native_torch_fingerprint"] != native["native_torch_fingerprint"]
+    assert [(e["kind"], e["outcome"]) for e in rebuilt["native_events"]] == [("native-micro", "miss")]
+    assert rebuilt["real_compiles"] == 1
+
+    before = _native_objects(ws)
+    ours = Child(root, ws, compile_hook_dir).driver("native_micro")
+    assert ours["serving_native"] is True and ours["native_events"] == []
+    assert _by_site(ours) == {NATIVE_MICRO: ["miss"]} and ours["real_compiles"] == 1
+    assert ours["counters"]["compiles"] == ours["counters"]["writes"] == 1
+    assert _native_objects(ws) == before, "flashinfer's cache was touched while we served its site"
+    manifest = _manifests(root)[NATIVE_MICRO]
+    assert manifest["key_repr"].startswith("('native', 'b12x_moe', 'micro_m1_k1024_n768_"), manifest["key_repr"]
+    assert "torch" not in json.dumps(manifest["env"]), manifest["env"]
+
+    warm = Child(root, tmp_path / "gpu-workspace", compile_hook_dir, front=(gpu_torch,)).driver("native_micro")
+    assert warm["native_torch_fingerprint"] == rebuilt["native_torch_fingerprint"] != ours["native_torch_fingerprint"]
+    assert _by_site(warm) == {NATIVE_MICRO: ["hit"]} and warm["events"][0][1] == ours["events"][0][1]
+    assert warm["real_compiles"] == 0 and warm["counters"]["compiles"] == 0, warm["stderr"][-3000:]
+    # The loaded kernel has the compiled one's signature (the CPU launch error spells it out).
+    assert warm["sites"]["native_micro"]["error"] == ours["sites"]["native_micro"]["error"] == native["sites"]["native_micro"]["error"]
+    assert _native_objects(tmp_path / "gpu-workspace") == {}
 
 
 def test_prewarm_refuses_w4a16_offline_with_the_reason(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> None:
@@ -309,9 +389,11 @@ def test_doctor_on_074(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> No
     report = json.loads(child.module("cute_diskcache.doctor", "--json").stdout)
     assert report["flashinfer"] == "0.7.4" and report["verified"] is True
     status = {f"{s['file']}:{s['function']}": s["status"] for s in report["sites"]}
-    assert {site for site, st in status.items() if st == "flashinfer"} == NATIVE_SITES
+    assert report["native_sites"] == "cute-diskcache"
+    assert {site for site, st in status.items() if st == "flashinfer"} == set()
     assert report["summary"]["nothing"] == 0, [s for s, st in status.items() if st == "nothing"]
     ours = {site for site, st in status.items() if st == "cute-diskcache"}
+    assert NATIVE_SITES <= ours
     assert {"moe_direct_micro_kernel.py:compile_direct_micro_kernel", "moe_w4a16_compiler.py:compile",
             "moe_nvfp4_w4a4.py:run_moe_w4a4", "moe_nvfp4_w4a16.py:run_moe_w4a16"} <= ours
     assert {f"moe_{name}.py:compiled_kernel" for name in OP_SITES} <= ours
@@ -321,7 +403,13 @@ def test_doctor_on_074(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> No
     assert report["missing_adapter_sites"] == []
     assert report["root"] == str(child.root) and report["native_cache_dir"].startswith(str(child.workspace))
     text = child.module("cute_diskcache.doctor").stdout
-    assert "cute-diskcache 16  flashinfer 3  nothing 0" in text
+    assert "cute-diskcache 19  flashinfer 0  nothing 0" in text
+    assert "native sites   served by cute-diskcache" in text
+    opt_out = Child(child.root, child.workspace, compile_hook_dir, extra_env=OPT_OUT)
+    left = json.loads(opt_out.module("cute_diskcache.doctor", "--json").stdout)
+    assert left["native_sites"] == "flashinfer"
+    assert {f"{s['file']}:{s['function']}" for s in left["sites"] if s["status"] == "flashinfer"} == NATIVE_SITES
+    assert left["summary"] == {"cute-diskcache": 16, "flashinfer": 3, "nothing": 0}
     strict = subprocess.run([fi074, "-m", "cute_diskcache.doctor", "--strict"], env=child.env(),
                             capture_output=True, text=True, timeout=120, cwd=compile_hook_dir)
     assert strict.returncode == 0, strict.stdout

@@ -4,9 +4,11 @@ One module per flashinfer generation:
 
 * :mod:`.v0_6` - 0.6.12 to 0.6.17: moe_dispatch's static, micro and dynamic kernels, which
   flashinfer keeps in memory only.
-* :mod:`.v0_7` - 0.6.18 to 0.7.x: flashinfer persists those three itself (they pass through
-  untouched, so one kernel never has two caches); we cover the sites it still leaves in memory
-  (direct micro kernel, W4A16 compiler, nvfp4 W4A4/W4A16 runners, fp8 and mxfp8 op modules).
+* :mod:`.v0_7` - 0.6.18 to 0.7.x: flashinfer persists those three itself, keyed on torch's
+  build; we serve them from our cache instead (``CUTE_DISKCACHE_NATIVE_SITES=flashinfer`` leaves
+  them to flashinfer; either way one kernel never has two caches), and cover the sites it still
+  leaves in memory (direct micro kernel, W4A16 compiler, nvfp4 W4A4/W4A16 runners, fp8 and
+  mxfp8 op modules).
 
 The activation hook hands us every module under ``fused_moe/cute_dsl/blackwell_sm12x`` as it
 is imported (:func:`patch`, :func:`apply_profile`); whatever we do not know is left alone.

@@ -231,8 +231,14 @@ def planning() -> Iterator[list[dict[str, Any]]]:
 
 
 def through_cache(site: Site, call: Call, compile_fn: Callable[[], Any],
-                  cache_fn: Callable[[], CompileCache] = default_cache) -> Any:
-    """The one path every intercepted compile takes: key it, then hit, compile, or plan."""
+                  cache_fn: Callable[[], CompileCache] = default_cache,
+                  uncached: Callable[[], Any] | None = None) -> Any:
+    """The one path every intercepted compile takes: key it, then hit, compile, or plan.
+
+    ``uncached`` is what runs when the compile cannot be keyed (default: ``compile_fn``, an
+    in-memory compile); flashinfer's native sites hand back to flashinfer's own cache instead.
+    """
+    uncached = uncached or compile_fn
     try:
         modules = site.modules(call) if site.modules else (site.module,)
         key = CacheKey(environment(*modules), site.name, site.key(call), site.options(call))
@@ -240,10 +246,10 @@ def through_cache(site: Site, call: Call, compile_fn: Callable[[], Any],
         cache = cache_fn()
     except UnkeyableError as exc:
         log.warning("not caching %s kernel: %s", site.name, exc)
-        return compile_fn()
+        return uncached()
     except Exception as exc:  # environment or settings trouble: run uncached, say why
         log.error("cute-diskcache disabled for this %s compile: %s: %s", site.name, type(exc).__name__, exc)
-        return compile_fn()
+        return uncached()
     if PLAN is not None:
         PLAN.append({"kind": site.kind, "digest": key.digest, "key": key, "site": site.name})
         kernel, extra = planned_kernel, _planned_extra(cache, key)

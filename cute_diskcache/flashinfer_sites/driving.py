@@ -34,8 +34,10 @@ class Dispatcher:
     A configuration flashinfer refuses (e.g. expert parallelism on a wrapper without it) raises
     flashinfer's own error from the constructor.
 
-    flashinfer >= 0.6.18 builds some kernels through its own disk cache; each ``run`` record
-    lists those under ``native`` (hit or miss, seconds), and planning records them too.
+    flashinfer >= 0.6.18 builds some kernels through its own disk cache. While we serve them
+    (the default) they are sites of ours like any other; left to flashinfer
+    (``CUTE_DISKCACHE_NATIVE_SITES=flashinfer``), each ``run`` record lists them under ``native``
+    (hit or miss, seconds), and planning records them too.
     """
 
     def __init__(

@@ -144,19 +144,31 @@ def scan(package_dir: Path) -> list[Found]:
     return out
 
 
-def classify(found: list[Found], version: str, *, native_disabled: bool = False) -> list[Found]:
+def _table(version: str, native_ours: bool) -> dict[tuple[str, str], str]:
+    """(file, function) -> kind of the sites cute-diskcache serves for ``version``."""
+    if v0_6.applies(version):
+        return v0_6.COVERED
+    if v0_7.applies(version):
+        return {**v0_7.COVERED, **(v0_7.NATIVE_COVERED if native_ours else {})}
+    return {}
+
+
+def classify(found: list[Found], version: str, *, native_disabled: bool = False, native_ours: bool = False) -> list[Found]:
     """Set each site's status for flashinfer ``version``.
 
     Covered by us: a (file, function) in the adapter table of the generation serving that
-    version, or a call through a wrapper we cover. Native: the compile runs inside
+    version (with ``native_ours``, flashinfer's natively cached moe_dispatch sites too), or a
+    call through a wrapper we cover. Native: the compile runs inside
     ``build_and_load_cute_dsl_kernel`` (unless ``FLASHINFER_CUTE_DSL_DISABLE_CACHE=1`` turns
     that cache off). Everything else: nothing.
     """
-    table = v0_6.COVERED if v0_6.applies(version) else v0_7.COVERED if v0_7.applies(version) else {}
+    table = _table(version, native_ours)
     wrapped = {f"{file[:-3]}.{fn}" for file, fn in table}
     for f in found:
         if (f.file, f.function) in table:
             f.status = COVERED_BY_US
+            if f.native:
+                f.note = "flashinfer's native site, served from cute-diskcache (CUTE_DISKCACHE_NATIVE_SITES=flashinfer leaves it to flashinfer)"
         elif f.native:
             f.status = NOTHING if native_disabled else NATIVE
             if native_disabled:
@@ -179,7 +191,9 @@ def generation_name(version: str) -> str:
     if v0_6.applies(version):
         return "0.6.12-0.6.17: moe_dispatch sites, no native cache"
     if v0_7.applies(version):
-        return "0.6.18+: native cache for static/micro/dynamic; cute-diskcache for the rest"
+        if v0_7.serves_native():
+            return "0.6.18+: cute-diskcache for every site, static/micro/dynamic instead of flashinfer's native cache"
+        return "0.6.18+: native cache for static/micro/dynamic (CUTE_DISKCACHE_NATIVE_SITES=flashinfer); cute-diskcache for the rest"
     return f"unsupported (cute-diskcache covers flashinfer {'.'.join(map(str, v0_6.FIRST_SUPPORTED))}+)"
 
 
@@ -190,8 +204,9 @@ def sites_report(package_dir: Path | None = None, version: str | None = None) ->
     if package_dir is None:
         return {"flashinfer": None, "sites": [], "summary": {}, "missing_adapter_sites": []}
     native_disabled = os.environ.get("FLASHINFER_CUTE_DSL_DISABLE_CACHE", "0") == "1"
-    found = classify(scan(package_dir), version, native_disabled=native_disabled)
-    table = v0_6.COVERED if v0_6.applies(version) else v0_7.COVERED if v0_7.applies(version) else {}
+    native_ours = v0_7.applies(version) and v0_7.serves_native()
+    found = classify(scan(package_dir), version, native_disabled=native_disabled, native_ours=native_ours)
+    table = _table(version, native_ours)
     present = {(f.file, f.function) for f in found}
     base = package_dir / SCANNED[0]
     files = {os.path.relpath(p, base) for p in base.rglob("*.py")}
@@ -202,6 +217,7 @@ def sites_report(package_dir: Path | None = None, version: str | None = None) ->
         "generation": generation_name(version),
         "verified": version in v0_6.VERIFIED + v0_7.VERIFIED,
         "native_cache_disabled": native_disabled,
+        "native_sites": ("cute-diskcache" if native_ours else "flashinfer") if v0_7.applies(version) else None,
         "sites": [asdict(f) for f in found],
         "summary": summary,
         # Adapter sites whose file exists but no longer compiles in that function: renamed

@@ -1,9 +1,13 @@
-"""flashinfer 0.6.18 to 0.7.x: the sm12x MoE sites flashinfer's own disk cache misses.
+"""flashinfer 0.6.18 to 0.7.x: the sm12x MoE sites, including those flashinfer caches itself.
 
 From 0.6.18 flashinfer persists moe_dispatch's static, micro and dynamic kernels itself
-(``build_and_load_cute_dsl_kernel``); those pass through untouched, so one kernel never has two
-caches. These sites still compile in memory on every start, and are covered here (verified on
-0.7.4; 0.6.18 has the first two with the same code):
+(``build_and_load_cute_dsl_kernel``), keyed on a fingerprint that includes torch's build: a
+cache prewarmed with a CPU torch misses on the GPU box, and the mismatch wipes the module
+directory. By default (``CUTE_DISKCACHE_NATIVE_SITES=cute-diskcache``) we serve those three from
+our cache instead, keyed without torch, and flashinfer's native layer is neither read nor
+written for them (:func:`serve_native_sites`); ``=flashinfer`` leaves them to flashinfer. Either
+way one kernel never has two caches. These sites compile in memory on every start, and are
+covered here (verified on 0.7.4; 0.6.18 has the first two with the same code):
 
 =================================  ==========================================================
 site                               site key (the site's own in-process key, plus)
@@ -26,9 +30,11 @@ is active (see :func:`apply_profile`), so an offline compile takes the decisions
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
+import os
 import struct
 import sys
 import threading
@@ -37,6 +43,7 @@ from types import ModuleType
 from typing import Any, Iterator
 
 from .. import targets
+from ..key import UnkeyableError
 from . import _common
 from ._common import MOE_DISPATCH, PATCHES, SM12X, Call, Site, arg_signature, install_proxy, plain, site_codes, version_tuple
 
@@ -303,12 +310,12 @@ def patch(module: ModuleType) -> bool:
             return compiler is not None and _patch_w4a16_compiler(compiler)
         if name == MOE_DISPATCH:
             _hook_block_dim_probe(module)
-            return False  # its own sites are flashinfer's (native cache)
+            return serve_native_sites(module)
     return False
 
 
 def unpatch(module: ModuleType) -> None:
-    names = ["cute", "compile", "cached_compile"]
+    names = ["cute", "compile", "cached_compile", NATIVE_BUILDER]
     if targets.active() is None:
         names.append("compiled_direct_micro_accepts_block_dim")  # a profile still needs it
     PATCHES.restore(module, tuple(names))
@@ -396,7 +403,134 @@ def apply_profile(module: ModuleType, profile: targets.DeviceProfile) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# flashinfer's native sites: planned and observed, never cached by us
+# flashinfer's native sites, served from our cache (CUTE_DISKCACHE_NATIVE_SITES=cute-diskcache)
+# --------------------------------------------------------------------------------------------
+
+NATIVE_BUILDER = "build_and_load_cute_dsl_kernel"
+#: moe_dispatch's functions that build through flashinfer's native cache -> our kind.
+NATIVE_FUNCTIONS = {"_get_static_kernel": "static", "_get_micro_kernel": "micro", "_get_dynamic_kernel": "dynamic"}
+#: (file, function) -> kind, for the coverage report while we serve them.
+NATIVE_COVERED = {("moe_dispatch.py", fn): kind for fn, kind in NATIVE_FUNCTIONS.items()}
+_MISSING = object()
+
+
+def serves_native() -> bool:
+    """Whether flashinfer's natively cached sites are ours to serve (``CUTE_DISKCACHE_NATIVE_SITES``)."""
+    from .. import config
+
+    return config.load().native_sites == "cute-diskcache"
+
+
+def _native_key(call: Call) -> Any:
+    """flashinfer's on-disk kernel name and its in-process key, canonically encoded.
+
+    The name is flashinfer's sole per-kernel disk key (a shape prefix plus 16 hex digits of
+    ``repr(cache_key)``); the tuple itself makes ours injective without relying on that repr.
+    What flashinfer's ``meta.json`` guards module-wide (arch, DSL stack, sources) is our
+    Environment's job, without torch's build: torch does not change the kernel.
+    """
+    v = call.locals
+    return ("native", v["module_name"], v["kernel_name"], plain(v["cache_key"]))
+
+
+def _native_options(call: Call) -> Any:
+    # The compile options string lives inside flashinfer's compile_fn closure (its source is
+    # fingerprinted); the export format is what the caller states.
+    return ("enable_tvm_ffi", bool(call.locals["enable_tvm_ffi"]))
+
+
+@functools.lru_cache(maxsize=None)
+def _modules_of(files: tuple[str, ...]) -> tuple[str, ...]:
+    """The imported flashinfer modules behind flashinfer's ``extra_key_files`` (paths).
+
+    flashinfer passes ``module.__file__`` itself, so paths match as text; resolving links is
+    only the fallback (a realpath of every flashinfer module costs ~30 ms on a serving start).
+    """
+    by_file = {f: name for name, mod in list(sys.modules.items())
+               if name.startswith("flashinfer") and isinstance(f := getattr(mod, "__file__", None), str)}
+    resolved: dict[str, str] = {}
+    names = []
+    for path in files:
+        name = by_file.get(path)
+        if name is None:
+            resolved = resolved or {os.path.realpath(f): n for f, n in by_file.items()}
+            name = resolved.get(os.path.realpath(path))
+        if name is None:  # a key file we cannot fingerprint as a module: never a weaker key
+            raise UnkeyableError(f"key source {os.path.basename(path)} is not an imported flashinfer module")
+        names.append(name)
+    return tuple(sorted(set(names) - {MOE_DISPATCH}))
+
+
+def _native_modules(call: Call) -> tuple[str, ...]:
+    """moe_dispatch, plus every module flashinfer itself names as this kernel's key sources."""
+    return (MOE_DISPATCH, *_modules_of(tuple(call.locals["extra_key_files"])))
+
+
+SERVED_NATIVE_SITES = [Site(MOE_DISPATCH, fn, kind, _native_key, options=_native_options, modules=_native_modules)
+                       for fn, kind in NATIVE_FUNCTIONS.items()]
+
+
+def _native_builder(md: ModuleType, real: Any) -> Any:
+    """moe_dispatch's view of ``build_and_load_cute_dsl_kernel``: its three sites through our cache.
+
+    Any other caller, a call with arguments we do not know, or a kernel we cannot key goes to
+    flashinfer's own builder, as if we were not there.
+    """
+    codes = site_codes(md, SERVED_NATIVE_SITES)
+
+    def build_and_load_cute_dsl_kernel(module_name: str, kernel_name: str, compile_fn: Any,
+                                       extra_key_files: Any = (), **kwargs: Any) -> Any:
+        frame = sys._getframe(1)
+        site = codes.get(frame.f_code)
+        cache_key = frame.f_locals.get("cache_key", _MISSING) if site is not None else _MISSING
+        del frame
+
+        def native() -> Any:
+            return real(module_name, kernel_name, compile_fn, extra_key_files, **kwargs)
+
+        if site is None or cache_key is _MISSING or set(kwargs) - {"enable_tvm_ffi"}:
+            return native()
+        call = Call({"module_name": module_name, "kernel_name": kernel_name, "cache_key": cache_key,
+                     "extra_key_files": tuple(extra_key_files), "enable_tvm_ffi": kwargs.get("enable_tvm_ffi", True)}, (), {})
+        return _common.through_cache(site, call, compile_fn, uncached=native)
+
+    build_and_load_cute_dsl_kernel._cdc_native = True  # type: ignore[attr-defined]
+    build_and_load_cute_dsl_kernel.__doc__ = real.__doc__
+    return build_and_load_cute_dsl_kernel
+
+
+def serve_native_sites(md: ModuleType) -> bool:
+    """Serve moe_dispatch's natively cached sites from our cache, or hand them back (idempotent).
+
+    Replaces the name ``build_and_load_cute_dsl_kernel`` inside moe_dispatch only: flashinfer's
+    other users of its native cache (attention, GEMM, norm kernels) are untouched. True if we
+    serve them now.
+    """
+    with PATCHES.lock:
+        current = md.__dict__.get(NATIVE_BUILDER)
+        ours = getattr(current, "_cdc_native", False)
+        if not serves_native():
+            if ours:
+                PATCHES.restore(md, (NATIVE_BUILDER,))
+            return False
+        if ours:
+            return True
+        real = PATCHES.original(md, NATIVE_BUILDER)
+        if real is None or not site_codes(md, SERVED_NATIVE_SITES):
+            return False
+        PATCHES.set(md, NATIVE_BUILDER, _native_builder(md, real))
+        return True
+
+
+def serving_native(md: ModuleType | None = None) -> bool:
+    """Whether moe_dispatch's native sites go through our cache in this process right now."""
+    md = md if md is not None else sys.modules.get(MOE_DISPATCH)
+    return md is not None and bool(getattr(md.__dict__.get(NATIVE_BUILDER), "_cdc_native", False))
+
+
+# --------------------------------------------------------------------------------------------
+# flashinfer's native sites left to flashinfer (CUTE_DISKCACHE_NATIVE_SITES=flashinfer):
+# planned and observed, never cached by us
 # --------------------------------------------------------------------------------------------
 
 
@@ -429,11 +563,12 @@ def native_sites(events: list[dict[str, Any]]) -> Iterator[None]:
 
     Planning (:func:`~._common.planning` active): record each as a ``native-*`` kernel and
     return a kernel that launches nothing. Otherwise flashinfer builds and persists it exactly
-    as it would, and ``events`` gets a hit/miss record (miss: ``compile_fn`` ran).
+    as it would, and ``events`` gets a hit/miss record (miss: ``compile_fn`` ran). A no-op while
+    we serve them (:func:`serving_native`): they are then sites of ours like any other.
     """
     md = sys.modules.get(MOE_DISPATCH)
-    real = md.__dict__.get("build_and_load_cute_dsl_kernel") if md is not None else None
-    if real is None:
+    real = md.__dict__.get(NATIVE_BUILDER) if md is not None else None
+    if real is None or serving_native(md):  # ours: planned and counted like every site of ours
         yield
         return
 
