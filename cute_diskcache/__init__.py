@@ -68,10 +68,14 @@ def _generic_env(owner: str, package: str, module: Any) -> Any:
 
         from . import key as keymod
 
-        try:
-            version = importlib.metadata.version(package)
-        except (importlib.metadata.PackageNotFoundError, ValueError):
-            version = "0"
+        # The package's own __version__ first: a distribution need not be named after its
+        # import package (flashinfer is "flashinfer-python"), and the key should say the version.
+        version = getattr(sys.modules.get(package), "__version__", None)
+        if not isinstance(version, str):
+            try:
+                version = importlib.metadata.version(package)
+            except (importlib.metadata.PackageNotFoundError, ValueError):
+                version = "0"
         sources = keymod.source_fingerprint(module, package) if module is not None else "unknown"
         env = keymod.Environment(kind="generic", package=f"{package}=={version}", sources=sources, arch=keymod.current_arch())
         _ENVS[owner] = env
@@ -87,4 +91,6 @@ def counters() -> dict[str, Any]:
     out["rejected"] = cache.store.rejected
     out["root"] = str(cache.store.root)
     out["writable"] = cache.store.writable
+    if cache.remote is not None:
+        out.update(cache.remote.counters.as_dict())
     return out

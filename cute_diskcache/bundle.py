@@ -232,6 +232,21 @@ def _entry_bytes_as_checked(d: Path, manifest: dict[str, Any], hmac_key: bytes |
     return out
 
 
+def read_checked(entry_dir: Path, *, hmac_key: bytes | None = None) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+    """A verified entry's manifest and its files' bytes (manifest last), for sending elsewhere.
+
+    :func:`check`, then every file read again and held to the checked manifest, so only
+    checked bytes leave (what :func:`export_bundle` writes; :mod:`.remote` publishes the same).
+    Raises :class:`entry.EntryError`.
+    """
+    manifest, _ = check(entry_dir, hmac_key=hmac_key)
+    try:
+        files = _entry_bytes_as_checked(entry_dir, manifest, hmac_key)
+    except OSError as exc:
+        raise entry.EntryError("unreadable", f"{entry_dir.name}: {exc}") from None
+    return manifest, [(name, data) for name, data, _mtime in files]
+
+
 def export_bundle(root: Path, bundle: Path, namespace: Sequence[str] | None = None, *, hmac_key: bytes | None = None) -> ExportReport:
     """Write every verified entry under ``root`` (of the selected namespaces) into ``bundle``.
 
@@ -440,6 +455,27 @@ def _merge(root: Path, store: Store, staged: Path, dest: Path, report: ImportRep
     report.imported.append(digest)
 
 
+def adopt_staged(root: Path, store: Store, edir: Path, report: ImportReport, *, hmac_key: bytes | None = None) -> bool:
+    """Check one staged entry (``<staging>/v1/<ns>/<xx>/<digest>``) and merge it into ``root``.
+
+    The one import path for entries that arrive from outside (a bundle, the remote tier of
+    :mod:`.remote`): :func:`check`, stowaway files dropped, :func:`_merge`. The outcome is
+    recorded in ``report``; returns False when the entry failed its check.
+    """
+    ns, digest = edir.parent.parent.name, edir.name
+    try:
+        manifest, _ = check(edir, hmac_key=hmac_key)
+    except entry.EntryError as exc:
+        report.bad.append({"digest": digest, "namespace": ns, "reason": str(exc)})
+        return False
+    keep = {entry.MANIFEST} | {item["file"] for items in manifest["payloads"].values() for item in items}
+    for p in entry_files(edir):
+        if p.name not in keep:
+            p.unlink()  # a stowaway file no manifest names: never loaded, not kept
+    _merge(root, store, edir, root / LAYOUT / ns / digest[:2] / digest, report, hmac_key)
+    return True
+
+
 def import_bundle(root: Path, bundle: Path, *, hmac_key: bytes | None = None, trust_shared: bool = False) -> ImportReport:
     """Verify every entry of ``bundle`` in a staging directory and merge the good ones into ``root``.
 
@@ -496,16 +532,7 @@ def import_bundle(root: Path, bundle: Path, *, hmac_key: bytes | None = None, tr
             if (ns, digest) in broken:
                 report.bad.append({"digest": digest, "namespace": ns, "reason": broken[(ns, digest)]})
                 continue
-            try:
-                manifest, _ = check(edir, hmac_key=hmac_key)
-            except entry.EntryError as exc:
-                report.bad.append({"digest": digest, "namespace": ns, "reason": str(exc)})
-                continue
-            keep = {entry.MANIFEST} | {item["file"] for items in manifest["payloads"].values() for item in items}
-            for p in entry_files(edir):
-                if p.name not in keep:
-                    p.unlink()  # a stowaway file no manifest names: never loaded, not kept
-            _merge(root, store, edir, root / LAYOUT / ns / digest[:2] / digest, report, hmac_key)
+            adopt_staged(root, store, edir, report, hmac_key=hmac_key)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     for bad in report.bad:

@@ -10,11 +10,15 @@ import logging
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import config, devicefacts, entry, eviction, locking, stats
 from .key import CacheKey
 from .store import Store
+
+if TYPE_CHECKING:
+    from .remote import LazyRemote
+    from .remote.client import RemoteCache
 
 log = logging.getLogger("cute_diskcache")
 
@@ -46,8 +50,18 @@ class CompileCache:
     bounds the wait.
     """
 
-    def __init__(self, store: Store, *, single_flight: bool = True, lock_timeout: float = locking.DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        single_flight: bool = True,
+        lock_timeout: float = locking.DEFAULT_TIMEOUT_S,
+        remote: RemoteCache | LazyRemote | None = None,
+    ) -> None:
         self.store = store
+        # The remote tier (:mod:`.remote`), or None: asked after a local miss, under the key's
+        # lock (so of N local processes one fetches), and fed each committed compile.
+        self.remote = remote
         self.single_flight = single_flight
         self.lock_timeout = lock_timeout
         self.counters = Counters()
@@ -79,7 +93,8 @@ class CompileCache:
         if hit is not None:
             return hit
         if not self.single_flight:
-            return self._compile_and_commit(key, compile_fn, extra_fn)
+            hit = self._try_hit(key, remote=True) if self.remote is not None else None
+            return hit if hit is not None else self._compile_and_commit(key, compile_fn, extra_fn)
         with self.store.single_flight(key, self.lock_timeout) as flight:
             if flight.outcome in ("waited", "timeout"):
                 with self._lock:
@@ -89,13 +104,21 @@ class CompileCache:
                 hit = self._try_hit(key)  # the process we waited for (or one just before) committed it
                 if hit is not None:
                     return hit
+            if self.remote is not None:
+                hit = self._try_hit(key, remote=True)
+                if hit is not None:
+                    return hit
             return self._compile_and_commit(key, compile_fn, extra_fn)
 
-    def _try_hit(self, key: CacheKey) -> tuple[Any, dict[str, Any]] | None:
-        """Load ``key``'s verified entry, or None (absent, refused, or the DSL could not load it)."""
+    def _try_hit(self, key: CacheKey, *, remote: bool = False) -> tuple[Any, dict[str, Any]] | None:
+        """Load ``key``'s verified entry, or None (absent, refused, or the DSL could not load it).
+
+        ``remote``: fetch it from the remote tier instead of the store (the fetch verifies and
+        stores it locally, and never raises).
+        """
         t0 = time.perf_counter()
         try:
-            found = self.store.lookup(key)
+            found = self.remote.fetch(key, self.store) if remote and self.remote is not None else self.store.lookup(key)
         except Exception as exc:  # a bug of ours must cost a compile, never the caller's kernel
             log.error("cute-diskcache lookup failed unexpectedly (%s: %s); compiling", type(exc).__name__, exc)
             with self._lock:
@@ -114,7 +137,7 @@ class CompileCache:
                     self.counters.hits += 1
                     self.counters.load_seconds += dt
                     self.counters.saved_seconds += float(manifest["compile_seconds"])
-                    self.events.append((key.site, key.digest, "hit", dt, 0.0))
+                    self.events.append((key.site, key.digest, "remote-hit" if remote else "hit", dt, 0.0))
                 stats.record(ns, "hits")
                 stats.record(ns, "load_seconds", dt)
                 stats.record(ns, "saved_seconds", float(manifest["compile_seconds"]))
@@ -169,6 +192,8 @@ class CompileCache:
             if wrote:
                 with self._lock:
                     self.counters.writes += 1
+                if self.remote is not None:
+                    self.remote.publish(key, self.store.entry_dir(key))  # write-behind: returns at once
         with self._lock:
             self.events.append((key.site, key.digest, "miss", seconds, time.perf_counter() - t_persist))
         log.info(
@@ -192,7 +217,12 @@ def default_cache() -> CompileCache:
         if _default is None:
             settings = config.load()
             store = Store(settings.root, readonly=settings.readonly, trust_shared=settings.trust_shared, hmac_key=settings.hmac_key)
-            _default = CompileCache(store, single_flight=settings.single_flight, lock_timeout=settings.lock_timeout)
+            remote: LazyRemote | None = None
+            if settings.remote:
+                from .remote import LazyRemote  # the remote tier itself loads at the first local miss
+
+                remote = LazyRemote(settings)
+            _default = CompileCache(store, single_flight=settings.single_flight, lock_timeout=settings.lock_timeout, remote=remote)
         return _default
 
 

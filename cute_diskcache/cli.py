@@ -10,7 +10,8 @@ Subcommands, ccache style (every one takes ``--json``):
   prune                 drop namespaces of another flashinfer, DSL, machine or arch; ``--older-than``
   evict                 least-recently-used entries out until under ``--max-size``
   clear                 delete everything under the root
-  export / import       one bundle file of verified entries, to bake into images
+  export / import       one bundle file of verified entries, to bake into images;
+                        ``--to-remote`` / ``--from-remote``: the same with the remote tier
   info / demo           where the cache is / cold vs warm engine start (no GPU needed)
 """
 
@@ -315,7 +316,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     root, source = _root(args)
     data = collect_stats(root)
     cap = eviction.max_size()
-    out = {"root": str(root), "root_source": source, "max_size": cap, "trust_refusal": _trust_note(root), **data}
+    out = {"root": str(root), "root_source": source, "max_size": cap, "trust_refusal": _trust_note(root), "remote": _remote_label(), **data}
     if args.json:
         _print_json(out)
         return 0
@@ -337,6 +338,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("cache size", size),
         ("cleanups", f"{t['evictions']:.0f}  (entries evicted to stay under the size limit)"),
     ]
+    rows += _remote_rows(t)
     print(pairs(rows))
     if out["trust_refusal"]:
         print(f"WARNING: serving processes refuse this root: {out['trust_refusal']} (CUTE_DISKCACHE_TRUST_SHARED=1 overrides)")
@@ -345,6 +347,35 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ns_rows = [[ns] + [fmt(rec.get(f, 0.0)) for f, _h, fmt in _NS_COLUMNS] for ns, rec in data["namespaces"].items()]
         print(table(["namespace"] + [h for _f, h, _fmt in _NS_COLUMNS], ns_rows, right=range(1, len(_NS_COLUMNS) + 1)))
     return 0
+
+
+def _remote_label() -> str | None:
+    """The configured remote, password hidden (None when there is none)."""
+    settings = config.load()
+    if not settings.remote:
+        return None
+    from .remote import redact
+
+    return redact(settings.remote) + ("  (read-only)" if settings.remote_readonly else "")
+
+
+def _remote_rows(t: dict[str, float]) -> list[tuple[str, str]]:
+    """The remote tier's lines: only when a remote is configured or has counted anything."""
+    label = _remote_label()
+    fields = ("remote_hits", "remote_misses", "remote_errors", "remote_skipped", "remote_bytes_in", "remote_bytes_out", "published", "publish_dropped")
+    if label is None and not any(t.get(f) for f in fields):
+        return []
+    g = lambda f: t.get(f, 0.0)  # noqa: E731
+    asked = g("remote_hits") + g("remote_misses") + g("remote_errors")
+    per = f", {_fmt_s(g('remote_seconds') / asked)} per fetch" if asked else ""
+    return [
+        ("remote", label or "(not configured now)"),
+        ("remote hits", f"{g('remote_hits'):.0f}  (of the hits; {g('remote_misses'):.0f} remote misses, {g('remote_errors'):.0f} errors, "
+                        f"{g('remote_skipped'):.0f} skipped while the remote was failing)"),
+        ("remote traffic", f"{_fmt_size(g('remote_bytes_in'))} in, {_fmt_size(g('remote_bytes_out'))} out; "
+                           f"{g('remote_seconds'):.2f} s on the request path{per}"),
+        ("published", f"{g('published'):.0f}  ({g('publish_dropped'):.0f} dropped)"),
+    ]
 
 
 def cmd_zero(args: argparse.Namespace) -> int:
@@ -612,6 +643,12 @@ def _device_check(d: Path, manifest: dict[str, Any], obj: bytes, gpu: Gpu | None
     arch = str(manifest["env"].get("arch", "?"))
     if gpu is not None and not arch_runs_on(arch, gpu.capability):
         return "skipped", f"built for {arch}; the device is {gpu.arch} ({gpu.name})"
+    if gpu is not None:
+        from . import devicefacts
+
+        why = devicefacts.mismatch(manifest["device"])
+        if why is not None:
+            return "skipped", f"built against other device facts: {why}"
     try:
         kernel = entry.load(obj, manifest["symbol"], manifest["tvm_ffi"])
         if kernel is None:
@@ -855,9 +892,48 @@ def cmd_evict(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------
 
 
+def _remote_client(*, publishing: bool) -> Any:
+    """The remote tier as configured for serving processes (``CUTE_DISKCACHE_REMOTE``...)."""
+    settings = config.load()
+    if not settings.remote:
+        raise CliError("CUTE_DISKCACHE_REMOTE is not set (e.g. redis://cache-host:6379/0)")
+    if publishing and settings.remote_readonly:
+        raise CliError("CUTE_DISKCACHE_REMOTE_READONLY is set: this node does not publish to the remote")
+    from .remote.client import RemoteCache
+
+    return RemoteCache.from_settings(settings)
+
+
+def _bundle_or_remote(args: argparse.Namespace, flag: str) -> None:
+    if bool(args.bundle) == bool(getattr(args, flag.replace("-", "_"))):
+        raise CliError(f"give a bundle file or --{flag}, one of the two")
+
+
+def _export_to_remote(args: argparse.Namespace) -> int:
+    from .remote import RemoteError
+
+    root, _ = _root(args)
+    client = _remote_client(publishing=True)
+    with _counting(root):
+        try:
+            report = client.push(root, args.namespace)
+        except RemoteError as exc:
+            raise CliError(f"{client.label}: {exc}") from None
+    if args.json:
+        _print_json(report)
+        return 0
+    print(f"pushed {report['pushed']} entries ({_fmt_size(report['bytes'])}) from {root} to {report['remote']}; {report['present']} were there already")
+    for s in report["skipped"]:
+        print(f"skipped bad entry {s['digest'][:12]} ({s['namespace']}): {s['reason']}")
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from . import bundle
 
+    _bundle_or_remote(args, "to-remote")
+    if args.to_remote:
+        return _export_to_remote(args)
     root, _ = _root(args)
     report = bundle.export_bundle(root, Path(args.bundle), args.namespace, hmac_key=config.load().hmac_key)
     if args.json:
@@ -876,11 +952,15 @@ def cmd_import(args: argparse.Namespace) -> int:
     from . import bundle, eviction
 
     _writable_or_refuse(args)
+    _bundle_or_remote(args, "from-remote")
     root, _ = _root(args)
     settings = config.load()
     with _counting(root):
         try:
-            report = bundle.import_bundle(root, Path(args.bundle), hmac_key=settings.hmac_key, trust_shared=settings.trust_shared)
+            if args.from_remote:
+                report = _pull_from_remote(root, settings, args.namespace)
+            else:
+                report = bundle.import_bundle(root, Path(args.bundle), hmac_key=settings.hmac_key, trust_shared=settings.trust_shared)
         except bundle.BundleError as exc:
             raise CliError(str(exc)) from None
         evicted = eviction.enforce(root)
@@ -892,7 +972,10 @@ def cmd_import(args: argparse.Namespace) -> int:
     h = report.header
     created = h.get("created")
     when = _fmt_time(created) if isinstance(created, (int, float)) else "?"
-    print(f"bundle {args.bundle}: {h.get('entries', '?')} entries, written {when} by {h.get('writer', '?')} on {h.get('host', '?')}")
+    if args.from_remote:
+        print(f"{h.get('remote')} (prefix {h.get('prefix')}): {h.get('entries', '?')} entries")
+    else:
+        print(f"bundle {args.bundle}: {h.get('entries', '?')} entries, written {when} by {h.get('writer', '?')} on {h.get('host', '?')}")
     print(
         f"into {root}: {len(report.imported)} imported, {len(report.kept)} kept (valid entry already there), "
         f"{len(report.replaced)} replaced a bad one, {len(report.busy)} busy, {len(report.bad)} bad, {len(report.rejected)} members refused"
@@ -904,6 +987,20 @@ def cmd_import(args: argparse.Namespace) -> int:
     for r in report.rejected:
         print(f"REFUSED member {r['member']}: {r['reason']}")
     return 0 if report.ok else 1
+
+
+def _pull_from_remote(root: Path, settings: config.Settings, namespaces: Sequence[str] | None) -> Any:
+    from .remote import RemoteError
+    from .store import Store
+
+    client = _remote_client(publishing=False)
+    store = Store(root, trust_shared=settings.trust_shared, hmac_key=settings.hmac_key)
+    if not store.can_write():
+        raise CliError(f"cannot import into {root}: refused or not writable (-v says why)")
+    try:
+        return client.pull(store, namespaces)
+    except RemoteError as exc:
+        raise CliError(f"{client.label}: {exc}") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -966,11 +1063,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-size", type=_size_arg, default=None, metavar="SIZE", help="e.g. 2G, 500M, 10GiB (default: CUTE_DISKCACHE_MAX_SIZE)")
     p.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
     p = add("clear", cmd_clear, "delete every entry, the quarantine, locks and statistics under the root")
-    p = add("export", cmd_export, "write verified entries into one bundle file (tar.gz)")
-    p.add_argument("bundle", help="the bundle file to write")
+    p = add("export", cmd_export, "write verified entries into one bundle file (tar.gz), or push them to the remote")
+    p.add_argument("bundle", nargs="?", help="the bundle file to write")
+    p.add_argument("--to-remote", action="store_true", help="instead: publish every verified entry the remote (CUTE_DISKCACHE_REMOTE) lacks")
     p.add_argument("--namespace", action="append", help="only this namespace (a prefix is enough; repeatable)")
-    p = add("import", cmd_import, "verify a bundle's entries and merge them in; never replaces a valid entry")
-    p.add_argument("bundle", help="the bundle file to read")
+    p = add("import", cmd_import, "verify a bundle's (or the remote's) entries and merge them in; never replaces a valid entry")
+    p.add_argument("bundle", nargs="?", help="the bundle file to read")
+    p.add_argument("--from-remote", action="store_true", help="instead: fetch every entry of the remote (CUTE_DISKCACHE_REMOTE), e.g. to warm a new node")
+    p.add_argument("--namespace", action="append", help="with --from-remote: only this namespace (a prefix is enough; repeatable)")
     p = add("doctor", cmd_doctor, "every sm12x MoE compile site of the installed flashinfer and who persists it")
     p.add_argument("--strict", action="store_true", help="exit 1 if any site is persisted by nothing")
     p = add("info", cmd_info, "where the cache is and what it is keyed on")

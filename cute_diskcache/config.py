@@ -14,6 +14,8 @@ from pathlib import Path
 ENABLE_ENV = "FLASHINFER_B12X_DISK_CACHE"
 
 _FALSE = ("", "0", "false", "no", "off")
+#: CUTE_DISKCACHE_NATIVE_SITES values; the first is the default.
+NATIVE_SITES_CHOICES = ("cute-diskcache", "flashinfer")
 
 
 def env_flag(name: str, default: bool = False) -> bool:
@@ -37,6 +39,12 @@ class Settings:
     lock_timeout: float = 300.0
     trust_shared: bool = False
     hmac_key: bytes | None = dataclasses.field(default=None, repr=False)  # a secret: never in a repr or log
+    remote: str | None = dataclasses.field(default=None, repr=False)  # a URL may carry a password
+    remote_readonly: bool = False
+    remote_timeout: float = 1.0
+    remote_prefix: str = "cute-diskcache"
+    remote_cooldown: float = 30.0
+    native_sites: str = "cute-diskcache"  # who serves flashinfer >= 0.6.18's natively cached sites
 
 
 #: name -> (environment variable, default, meaning). The README's table is made from this.
@@ -83,6 +91,42 @@ SETTINGS_DOC: dict[str, tuple[str, str, str]] = {
         "Secret that signs every entry written (HMAC-SHA256 over the manifest, which holds every payload's "
         "sha256). When set, an unsigned entry is a miss (rewritten signed) and a badly signed one is quarantined.",
     ),
+    "remote": (
+        "CUTE_DISKCACHE_REMOTE",
+        "unset",
+        "A shared store behind the local cache (redis://host:6379/0, or an fsspec URL: s3://bucket/path, file:///mnt/x). "
+        "A local miss fetches, verifies and stores the entry; a compile publishes it in the background. "
+        "See 'Sharing a cache across a fleet'.",
+    ),
+    "remote_readonly": (
+        "CUTE_DISKCACHE_REMOTE_READONLY",
+        "0",
+        "1 fetches from the remote but never publishes to it (nodes that must not write the fleet's cache).",
+    ),
+    "remote_timeout": (
+        "CUTE_DISKCACHE_REMOTE_TIMEOUT",
+        "1",
+        "Seconds one remote fetch may take, everything included; a publish (off the request path) gets 5 times that. "
+        "Raise it for a distant object store.",
+    ),
+    "remote_prefix": (
+        "CUTE_DISKCACHE_REMOTE_PREFIX",
+        "cute-diskcache",
+        "Prefix of every remote object name (<prefix>/v1/<namespace>/<digest>): fleets that must not share entries use different ones.",
+    ),
+    "remote_cooldown": (
+        "CUTE_DISKCACHE_REMOTE_COOLDOWN",
+        "30",
+        "Seconds the remote is left alone after 3 failed calls in a row; then one call probes it.",
+    ),
+    "native_sites": (
+        "CUTE_DISKCACHE_NATIVE_SITES",
+        "cute-diskcache",
+        "Who serves the static, micro and dynamic MoE kernels that flashinfer >= 0.6.18 caches itself. "
+        "cute-diskcache: our cache, keyed without torch's build (flashinfer's own key has it, so a cache prewarmed "
+        "with a CPU torch misses on the GPU box); flashinfer's cached_ops is then neither read nor written for them. "
+        "flashinfer: flashinfer's own cache, as without cute-diskcache.",
+    ),
 }
 
 
@@ -120,6 +164,19 @@ def _flashinfer_cache_dir() -> Path | None:
     return Path(base) / ".cache" / "flashinfer"
 
 
+def _native_sites_env() -> str:
+    """``CUTE_DISKCACHE_NATIVE_SITES``; a value we do not know keeps the default, with a warning."""
+    raw = (os.environ.get("CUTE_DISKCACHE_NATIVE_SITES") or "").strip().lower()
+    if raw in NATIVE_SITES_CHOICES:
+        return raw
+    if raw:
+        import logging
+
+        logging.getLogger("cute_diskcache").warning("ignoring CUTE_DISKCACHE_NATIVE_SITES=%r (expected one of %s); using %s",
+                                                    raw, ", ".join(NATIVE_SITES_CHOICES), NATIVE_SITES_CHOICES[0])
+    return NATIVE_SITES_CHOICES[0]
+
+
 def resolve_root() -> tuple[Path, str]:
     """Return the cache root and which rule chose it (shown by ``cute-diskcache stats``)."""
     explicit = os.environ.get("CUTE_DISKCACHE_DIR")
@@ -149,4 +206,10 @@ def load() -> Settings:
         lock_timeout=_float_env("CUTE_DISKCACHE_LOCK_TIMEOUT", 300.0),
         trust_shared=env_flag("CUTE_DISKCACHE_TRUST_SHARED"),
         hmac_key=os.environ.get("CUTE_DISKCACHE_HMAC_KEY", "").encode() or None,
+        remote=os.environ.get("CUTE_DISKCACHE_REMOTE", "").strip() or None,
+        remote_readonly=env_flag("CUTE_DISKCACHE_REMOTE_READONLY"),
+        remote_timeout=_float_env("CUTE_DISKCACHE_REMOTE_TIMEOUT", 1.0) or 1.0,
+        remote_prefix=os.environ.get("CUTE_DISKCACHE_REMOTE_PREFIX", "").strip().strip("/") or "cute-diskcache",
+        remote_cooldown=_float_env("CUTE_DISKCACHE_REMOTE_COOLDOWN", 30.0),
+        native_sites=_native_sites_env(),
     )

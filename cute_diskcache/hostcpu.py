@@ -28,6 +28,10 @@ _X86_ISA = re.compile(
 _INTRINSIC_ONLY = frozenset({"avx512_vp2intersect", "avx512_4vnniw", "avx512_4fmaps"})
 
 
+def _codegen_relevant(flag: str) -> bool:
+    return bool(_X86_ISA.match(flag)) and flag not in _INTRINSIC_ONLY
+
+
 @functools.lru_cache(maxsize=None)
 def isa_extensions() -> tuple[str, ...]:
     """This CPU's ISA extensions (sorted); empty where /proc/cpuinfo is unavailable."""
@@ -41,7 +45,7 @@ def isa_extensions() -> tuple[str, ...]:
         name, _, value = line.partition(":")
         name = name.strip().lower()
         if machine in ("x86_64", "amd64", "i686") and name == "flags":
-            return tuple(sorted(f for f in value.split() if _X86_ISA.match(f) and f not in _INTRINSIC_ONLY))
+            return tuple(sorted(f for f in value.split() if _codegen_relevant(f)))
         if machine in ("aarch64", "arm64") and name == "features":
             return tuple(sorted(value.split()))  # every aarch64 feature word is an ISA feature
     return ()
@@ -52,4 +56,7 @@ def missing(recorded: list[str] | tuple[str, ...]) -> list[str]:
     here = set(isa_extensions())
     if not here:
         return []
+    if platform.machine().lower() in ("x86_64", "amd64", "i686"):
+        # Entries written before the intrinsic-only filter list those extensions too.
+        recorded = [f for f in recorded if _codegen_relevant(f)]
     return sorted(set(recorded) - here)

@@ -33,6 +33,16 @@ FIELDS = (
     "writes",
     "bytes_written",
     "evictions",
+    # the remote tier (cute_diskcache.remote): remote_hits are also counted in hits
+    "remote_hits",
+    "remote_misses",
+    "remote_errors",
+    "remote_skipped",
+    "remote_bytes_in",
+    "remote_bytes_out",
+    "remote_seconds",
+    "published",
+    "publish_dropped",
 )
 _FLUSH_EVERY_S = 5.0
 _DIR = "stats"

@@ -632,3 +632,9 @@ def test_intrinsic_only_extensions_are_not_recorded(monkeypatch: pytest.MonkeyPa
         assert hostcpu.isa_extensions() == ("avx", "avx2", "avx512f", "bmi1", "bmi2", "fma", "popcnt", "sse", "sse2", "sse4_1", "sse4_2", "ssse3")
     finally:
         hostcpu.isa_extensions.cache_clear()
+
+
+def test_older_entries_listing_intrinsic_only_extensions_still_load(written: tuple[Path, dict[str, Any]], key: CacheKey) -> None:
+    entry_dir, manifest = written
+    rewrite_manifest(entry_dir, {**manifest, "host_isa": [*manifest["host_isa"], "sse4a", "xsaveerptr", "avx512_vp2intersect", "rdrand"]})
+    assert _load(entry_dir, key)

@@ -1,0 +1,124 @@
+"""A shared store behind the local cache, so a fleet compiles each kernel once.
+
+Operators who have no shared volume (or a slow one) point ``CUTE_DISKCACHE_REMOTE`` at a
+key-value or object store they already run, as sccache, Triton and Inductor do for their own
+artifacts. We use that store; we do not build one. The local cache stays the first tier:
+
+* **read-through**: a local miss asks the remote; what comes back is verified exactly like a
+  local entry (the bundle importer's checks, then the store's own lookup with the key), stored
+  locally and loaded. A node that cannot write locally loads the verified copy from a private
+  temporary directory instead.
+* **write-behind**: after a compile is committed locally, the entry is queued for a background
+  thread; a slow or dead remote never delays a hit or a compile's result.
+* **bounded**: every remote call has a deadline, and a circuit breaker stops asking a remote
+  that keeps failing for a cool-down.
+
+One remote object per entry, named ``<prefix>/v1/<namespace>/<digest>`` (:mod:`.blob`).
+Backends are one small file each behind :class:`Backend`; :func:`from_url` picks one by URL
+scheme and imports its client library only then, so a process with no remote set (or one that
+only ever hits locally) never imports redis or fsspec.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from ..key import CacheKey
+    from ..store import Store
+    from .client import RemoteCache
+
+__all__ = ["Backend", "LazyRemote", "RemoteError", "from_url", "redact"]
+
+
+class RemoteError(Exception):
+    """A remote call failed or ran past its deadline (the breaker counts these)."""
+
+
+class Backend(Protocol):
+    """What a store must offer: four calls on opaque names and byte strings.
+
+    Implementations set their client's own socket timeouts from ``timeout``; the caller
+    (:class:`.client.RemoteCache`) also enforces a deadline around every call, so a client
+    library without usable timeouts still cannot hold a request.
+    """
+
+    def get(self, name: str) -> bytes | None:
+        """The object's bytes, or None when there is none."""
+
+    def put(self, name: str, data: bytes, *, only_if_absent: bool) -> bool:
+        """Store ``data``; with ``only_if_absent`` an existing object wins. True if written."""
+
+    def delete(self, name: str) -> None:
+        """Remove the object if present."""
+
+    def names(self, prefix: str) -> Iterator[str]:
+        """Every object name that starts with ``prefix``."""
+
+
+def redact(url: str) -> str:
+    """``url`` without its password, for logs and ``stats``."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparsable url>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    user = parts.username or ""
+    return parts._replace(netloc=f"{user}:***@{netloc}").geturl()
+
+
+class LazyRemote:
+    """What :func:`cute_diskcache.cache.default_cache` holds: the :class:`.client.RemoteCache`,
+    built at the first local miss. A process that only ever hits locally imports none of the
+    remote tier (client, value format, bundle code: ~13 ms) and certainly no client library.
+    """
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+        self._real: RemoteCache | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> RemoteCache:
+        with self._lock:
+            if self._real is None:
+                t0 = time.perf_counter()
+                from .client import RemoteCache
+
+                self._real = RemoteCache.from_settings(self.settings)
+                self._real.counters.remote_setup_seconds += time.perf_counter() - t0
+            return self._real
+
+    def fetch(self, key: CacheKey, store: Store) -> Any:
+        return self.get().fetch(key, store)
+
+    def publish(self, key: CacheKey, entry_dir: Path) -> None:
+        self.get().publish(key, entry_dir)
+
+    @property
+    def counters(self) -> Any:
+        return self.get().counters
+
+
+def from_url(url: str, *, timeout: float) -> Backend:
+    """The backend for ``url``'s scheme; raises :class:`RemoteError` for one we cannot serve.
+
+    ``redis://``, ``rediss://``, ``unix://``: :mod:`.redis_backend` (redis-py).
+    Anything fsspec knows (``file://``, ``memory://``, and ``s3://``, ``gs://``... when their
+    fsspec package is installed): :mod:`.fsspec_backend`.
+    """
+    scheme = urlsplit(url).scheme.lower()
+    if scheme in ("redis", "rediss", "unix"):
+        from .redis_backend import RedisBackend
+
+        return RedisBackend(url, timeout=timeout)
+    if scheme:
+        from .fsspec_backend import FsspecBackend
+
+        return FsspecBackend(url, timeout=timeout)
+    raise RemoteError(f"remote URL {redact(url)!r} has no scheme (redis://host:6379/0, s3://bucket/path, file:///path)")
