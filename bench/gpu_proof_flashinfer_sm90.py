@@ -117,14 +117,7 @@ def kernel_path() -> Path:
 
 def load_kernel_module() -> Any:
     """flashinfer's GDN decode module under its real name (the cache key hashes its source by name)."""
-    if KERNEL_MODULE in sys.modules:
-        return sys.modules[KERNEL_MODULE]
-    spec = importlib.util.spec_from_file_location(KERNEL_MODULE, kernel_path())
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[KERNEL_MODULE] = module
-    spec.loader.exec_module(module)
-    return module
+    return g.import_file_as(KERNEL_MODULE, kernel_path())
 
 
 def problem_key() -> dict[str, Any]:

@@ -101,16 +101,22 @@ def example_path() -> Path:
     return root / "data" / "cutlass" / "examples" / "python" / "CuTeDSL" / EXAMPLE_REL
 
 
-def load_example() -> Any:
-    """Import the example under a fixed module name, so its cache key does not depend on paths."""
-    if MODULE_NAME in sys.modules:
-        return sys.modules[MODULE_NAME]
-    spec = importlib.util.spec_from_file_location(MODULE_NAME, example_path())
+def import_file_as(name: str, path: Path) -> Any:
+    """Import ``path`` as module ``name`` (once): the cache key hashes a source by module name,
+    so a fixed name keeps the key independent of where the file lies."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[MODULE_NAME] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_example() -> Any:
+    """Import the example under a fixed module name, so its cache key does not depend on paths."""
+    return import_file_as(MODULE_NAME, example_path())
 
 
 def cache_key(variant: str) -> dict[str, Any]:
