@@ -6,8 +6,13 @@ cute-diskcache covers it, flashinfer's own disk cache does (0.6.18+), or nothing
 the versions, the cache root and the target profile in effect. A site a new release adds
 shows up as "nothing" here rather than compiling silently on every start.
 
-Exit status: 0; with ``--strict``, 1 when any site is covered by nothing or an adapter site
-was not found in the source (the release changed under us).
+On a release outside the verified list (the compatibility matrix, ``compat/README.md``) it says
+so, and lists each adapter site's checks (``flashinfer_sites.compat``): a site that fails them is
+passed through uncached and shows as "nothing". A flashinfer + DSL combination the matrix shows
+cannot work is reported as refused.
+
+Exit status: 0; with ``--strict``, 1 when any site is covered by nothing, an adapter site was
+not found in the source (the release changed under us), or the combination is refused.
 """
 
 from __future__ import annotations
@@ -37,13 +42,13 @@ def render(report: dict[str, Any], json: bool = False) -> str:
     summary = report.get("summary", {})
     lines = [
         f"flashinfer       {report['flashinfer']}  ({report.get('flashinfer_dir')})",
-        f"  generation     {report.get('generation')}{'' if report.get('verified') else '  [not a tested version]'}",
+        f"  generation     {report.get('generation')}",
+        f"  release        {_release_line(report)}",
         f"cute-diskcache   {report.get('cute_diskcache')}",
         f"DSL              {report.get('dsl')}",
         f"torch            {report.get('torch')}",
         f"cache root       {report.get('root')}  ({report.get('root_source')})",
-        f"  enabled        {_yes(bool(report.get('enabled')))} (FLASHINFER_B12X_DISK_CACHE)"
-        f"   read-only {_yes(bool(report.get('readonly')))}",
+        f"  enabled        {_enabled_text(bool(report.get('enabled')))}   read-only {_yes(bool(report.get('readonly')))}",
         f"target profile   {report.get('target') or 'none (the real device)'}"
         + (f"  arch {report['arch']}" if report.get("arch") else ""),
     ]
@@ -66,11 +71,35 @@ def render(report: dict[str, Any], json: bool = False) -> str:
             if s.get("note"):
                 how += f"  ({s['note']})"
             lines.append(f"  {s['status']:<15}{s['file'] + ':' + s['function']:<{width}}  {how}")
+    if report.get("refused"):
+        lines += ["", f"REFUSED: {report['refused']}", "  cute-diskcache attaches nothing in this environment; flashinfer runs uncached."]
     missing = report.get("missing_adapter_sites") or []
     if missing:
         lines += ["", "adapter sites not found in this flashinfer's source (renamed or reworked upstream):"]
         lines += [f"  {m}" for m in missing]
     return "\n".join(lines)
+
+
+def _enabled_text(enabled: bool) -> str:
+    """Whether this environment serves from the cache; prewarm and doctor work either way."""
+    if enabled:
+        return "yes (FLASHINFER_B12X_DISK_CACHE=1)"
+    return "no in this shell (prewarm and doctor do not need it); set FLASHINFER_B12X_DISK_CACHE=1 where the engine runs"
+
+
+def _release_line(report: dict[str, Any]) -> str:
+    if report.get("verified"):
+        return "verified (compatibility matrix: every covered site compiled, then hit with 0 compiles)"
+    checks = report.get("site_checks") or {}
+    failed = sorted(site for site, problems in checks.items() if problems)
+    return (f"NOT verified (verified: {', '.join(report.get('verified_releases') or [])}); "
+            f"{len(checks) - len(failed)} of {len(checks)} adapter sites pass their checks"
+            + (f", passed through uncached: {', '.join(failed)}" if failed else ""))
+
+
+def strict_failure(report: dict[str, Any]) -> bool:
+    """What ``--strict`` fails on: a site nothing persists, a vanished adapter site, a refusal."""
+    return bool(report.get("summary", {}).get("nothing") or report.get("missing_adapter_sites") or report.get("refused"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rep = report()
     print(render(rep, json=args.json))
-    if args.strict and (rep.get("summary", {}).get("nothing") or rep.get("missing_adapter_sites")):
+    if args.strict and strict_failure(rep):
         return 1
     return 0
 

@@ -10,6 +10,10 @@ One module per flashinfer generation:
   leaves in memory (direct micro kernel, W4A16 compiler, nvfp4 W4A4/W4A16 runners, fp8 and
   mxfp8 op modules).
 
+:mod:`.compat` holds what the compatibility matrix proved: the verified releases, the
+flashinfer + DSL combinations refused, and the checks a site passes before it is cached on a
+release outside the verified list.
+
 The activation hook hands us every module under ``fused_moe/cute_dsl/blackwell_sm12x`` as it
 is imported (:func:`patch`, :func:`apply_profile`); whatever we do not know is left alone.
 :func:`coverage_report` says, from the installed source, which sites are covered by whom.
@@ -21,7 +25,7 @@ import sys
 from types import ModuleType
 
 from .. import targets
-from . import v0_6, v0_7
+from . import compat, v0_6, v0_7
 from ._common import (
     FLASHINFER_UTILS,
     MOE_DISPATCH,
@@ -37,6 +41,7 @@ from .driving import Dispatcher, dispatch, kernel_cache_sizes
 from .v0_6 import FIRST_NATIVE, FIRST_SUPPORTED, SITES, coverage
 
 __all__ = [
+    "compat",
     "FIRST_NATIVE",
     "FIRST_SUPPORTED",
     "FLASHINFER_UTILS",
@@ -60,7 +65,13 @@ __all__ = [
 
 
 def patch(module: ModuleType) -> bool:
-    """Attach the disk cache to one flashinfer module (idempotent). True if sites there use it."""
+    """Attach the disk cache to one flashinfer module (idempotent). True if sites there use it.
+
+    A flashinfer + DSL combination the compatibility matrix shows cannot work is refused
+    (:mod:`.compat`): nothing is attached, and one log line says why.
+    """
+    if compat.refused():
+        return False
     version = flashinfer_version()
     if module.__name__ == MOE_DISPATCH and not v0_7.applies(version):
         return v0_6.patch(module)  # below 0.6.12 it installs a proxy that passes everything

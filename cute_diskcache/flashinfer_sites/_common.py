@@ -142,7 +142,11 @@ def options_text(options: Any) -> str:
 
 def compile_options(call: "Call") -> Any:
     """What a site's compile options add to its key: the ``options=`` string, and the
-    ``cute.compile[...]`` subscript when that form was used."""
+    ``cute.compile[...]`` subscript when that form was used. Any other keyword is one the key
+    would not capture (a newer flashinfer passing more to the DSL): that compile runs uncached."""
+    unkeyed = set(call.kwargs) - {"options"}
+    if unkeyed:
+        raise UnkeyableError(f"compile keywords the key does not capture: {', '.join(sorted(unkeyed))}")
     if call.dsl_options is None:
         return call.kwargs.get("options")
     return (call.kwargs.get("options"), options_text(call.dsl_options))

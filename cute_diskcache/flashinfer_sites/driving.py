@@ -27,6 +27,9 @@ def kernel_cache_sizes() -> dict[str, int]:
 class Dispatcher:
     """``B12xMoEWrapper`` configured as vLLM configures it (``use_cuda_graph=True``), fed m tokens.
 
+    With ``use_cuda_graph=False`` it is the wrapper without CUDA graphs, which sizes its
+    workspace per call exactly as the functional ``b12x_fused_moe`` does (see :mod:`.functional`).
+
     Selection, workspace sizing and the compile calls are flashinfer's own; we only feed it.
     Weights are zeros: compiles depend on shapes, never on values. Without a GPU the tensors
     live on the CPU, every kernel compiles for the target profile, and the launch that follows
@@ -54,16 +57,16 @@ class Dispatcher:
         swiglu_beta: float = 1.0,
         swiglu_limit: float | None = None,
         quant_mode: str = "nvfp4",
+        use_cuda_graph: bool = True,
     ) -> None:
         import torch
         from flashinfer.cute_dsl.utils import convert_sf_to_mma_layout
         from flashinfer.fused_moe.cute_dsl.b12x_moe import B12xMoEWrapper
-        from flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_activation import is_gated_activation
 
         device = "cuda" if torch.cuda.is_available() and targets.active() is None else "cpu"
         E, k, n = num_experts, hidden_size, intermediate_size
         E_w = num_local_experts or E  # experts whose weights this rank holds
-        w1_rows = (2 if is_gated_activation(activation) else 1) * n
+        w1_rows = (2 if _is_gated(activation) else 1) * n
 
         def scale(rows: int, cols: int) -> torch.Tensor:
             m_pad = (rows + 127) // 128 * 128
@@ -84,23 +87,23 @@ class Dispatcher:
             top_k=top_k,
             hidden_size=k,
             intermediate_size=n,
-            use_cuda_graph=True,
+            use_cuda_graph=use_cuda_graph,
             max_num_tokens=max_num_tokens,
             device=device,
             activation=activation,
             num_local_experts=num_local_experts,
-            swiglu_alpha=swiglu_alpha,
-            swiglu_beta=swiglu_beta,
-            swiglu_limit=swiglu_limit,
             quant_mode=quant_mode,
         )
         params = inspect.signature(B12xMoEWrapper.__init__).parameters
+        kwargs.update(_swiglu_kwargs(params, swiglu_alpha=swiglu_alpha, swiglu_beta=swiglu_beta, swiglu_limit=swiglu_limit))
         if num_local_experts not in (None, E) and "expert_map" in params:
             # 0.6.18+: expert parallelism needs the global -> local map; rank 0 holds the first E_w.
             expert_map = torch.full((E,), -1, dtype=torch.int32, device=device)
             expert_map[:E_w] = torch.arange(E_w, dtype=torch.int32, device=device)
             kwargs["expert_map"] = expert_map
         self.wrapper = B12xMoEWrapper(**kwargs)
+        #: What the wrapper was built with (tests compare it with what vLLM passes).
+        self.wrapper_kwargs = {name: value for name, value in kwargs.items() if name != "expert_map"}
         self.device, self.E, self.k, self.top_k = device, E, k, top_k
         #: Why a dispatch on CPU tensors cannot mirror the card for this configuration (None:
         #: it can). Planning from such a dispatch would silently miss kernels.
@@ -111,8 +114,12 @@ class Dispatcher:
                 "and packs them on the GPU (route packing refuses CPU tensors for m > 1): plan W4A16 on the card"
             )
 
-    def run(self, m: int) -> dict[str, Any]:
-        """One ``wrapper.run`` for m tokens; which kernels it added to flashinfer's caches."""
+    def run(self, m: int, functional: bool = False) -> dict[str, Any]:
+        """One ``wrapper.run`` for m tokens; which kernels it added to flashinfer's caches.
+
+        ``functional``: call flashinfer's functional ``b12x_fused_moe`` with the same tensors
+        instead (it shares the workspace cache of a wrapper built without CUDA graphs).
+        """
         import torch
 
         device, E, k, top_k = self.device, self.E, self.k, self.top_k
@@ -126,7 +133,16 @@ class Dispatcher:
         launch_error = None
         with _cpu_launch_stand_ins(device), v0_7.native_sites(native):
             try:
-                self.wrapper.run(x, w1, w1_sf, w2, w2_sf, ids, weights, w1_alpha=ones, w2_alpha=ones, fc2_input_scale=ones)
+                if functional:
+                    from flashinfer.fused_moe.cute_dsl.b12x_moe import b12x_fused_moe
+
+                    kw = self.wrapper_kwargs
+                    b12x_fused_moe(x, w1, w1_sf, w2, w2_sf, ids, weights, kw["num_experts"], kw["top_k"], w1_alpha=ones,
+                                   w2_alpha=ones, fc2_input_scale=ones, num_local_experts=kw["num_local_experts"],
+                                   activation=kw["activation"], quant_mode=kw["quant_mode"],
+                                   **{k: v for k, v in kw.items() if k.startswith("swiglu_")})
+                else:
+                    self.wrapper.run(x, w1, w1_sf, w2, w2_sf, ids, weights, w1_alpha=ones, w2_alpha=ones, fc2_input_scale=ones)
             except Exception as exc:  # expected without a GPU: the kernel refuses CPU tensors
                 if device == "cuda":
                     raise
@@ -139,6 +155,38 @@ class Dispatcher:
             "launch_error": launch_error,
             "native": native,
         }
+
+
+#: flashinfer 0.6.15's defaults for the clamped-SwiGLU parameters it added that release.
+_SWIGLU_DEFAULTS = {"swiglu_alpha": 1.702, "swiglu_beta": 1.0, "swiglu_limit": None}
+
+
+def _is_gated(activation: str) -> bool:
+    """Whether w1 holds gate and up rows (2n) or up rows only (n), as flashinfer decides it.
+
+    0.6.15+ says so in ``moe_activation``; 0.6.12-0.6.14 have no such module and know two
+    activations, ``silu`` (gated) and ``relu2`` (not): ``moe_dispatch`` tests ``== "silu"``.
+    """
+    try:
+        from flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_activation import is_gated_activation
+    except ImportError:
+        return activation == "silu"
+    return bool(is_gated_activation(activation))
+
+
+def _swiglu_kwargs(params: Any, **values: Any) -> dict[str, Any]:
+    """The SwiGLU keywords this wrapper takes (0.6.12-0.6.14 take none).
+
+    A release without them can only run the defaults; asking it for others (gpt-oss's clamped
+    SwiGLU) is refused, as flashinfer would refuse the model, never silently dropped.
+    """
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if name in params:
+            out[name] = value
+        elif value != _SWIGLU_DEFAULTS[name]:
+            raise NotImplementedError(f"flashinfer {flashinfer_version()}'s B12xMoEWrapper has no {name} (asked for {value})")
+    return out
 
 
 def dispatch(num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, ms: list[int], **kwargs: Any) -> list[dict[str, Any]]:

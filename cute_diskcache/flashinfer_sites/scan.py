@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import v0_6, v0_7
+from . import compat, v0_6, v0_7
 from ._common import flashinfer_version
 
 COVERED_BY_US, NATIVE, NOTHING = "cute-diskcache", "flashinfer", "nothing"
@@ -153,22 +153,41 @@ def _table(version: str, native_ours: bool) -> dict[tuple[str, str], str]:
     return {}
 
 
-def classify(found: list[Found], version: str, *, native_disabled: bool = False, native_ours: bool = False) -> list[Found]:
+def _shapes(version: str, native_ours: bool) -> dict[str, dict[str, compat.SiteShape]]:
+    """module -> function -> what the adapter relies on, for the sites serving ``version``."""
+    if v0_6.applies(version):
+        return v0_6.SHAPES
+    if v0_7.applies(version):
+        return {**v0_7.SHAPES, **(v0_7.NATIVE_SHAPES if native_ours else {})}
+    return {}
+
+
+def classify(found: list[Found], version: str, *, native_disabled: bool = False, native_ours: bool = False,
+             site_checks: dict[str, list[str]] | None = None) -> list[Found]:
     """Set each site's status for flashinfer ``version``.
 
     Covered by us: a (file, function) in the adapter table of the generation serving that
     version (with ``native_ours``, flashinfer's natively cached moe_dispatch sites too), or a
     call through a wrapper we cover. Native: the compile runs inside
     ``build_and_load_cute_dsl_kernel`` (unless ``FLASHINFER_CUTE_DSL_DISABLE_CACHE=1`` turns
-    that cache off). Everything else: nothing.
+    that cache off). Everything else: nothing. On a release outside the verified list, an adapter
+    site whose ``site_checks`` found problems is passed through, so it is nothing's too.
     """
     table = _table(version, native_ours)
-    wrapped = {f"{file[:-3]}.{fn}" for file, fn in table}
+    unverified = site_checks is not None and not compat.verified(version)
+
+    def problems(file: str, function: str) -> list[str]:
+        return (site_checks or {}).get(f"{file}:{function}") or [] if unverified else []
+
+    wrapped = {f"{file[:-3]}.{fn}" for file, fn in table if not problems(file, fn)}
     for f in found:
-        if (f.file, f.function) in table:
+        passed_through = problems(f.file, f.function) if (f.file, f.function) in table else []
+        if (f.file, f.function) in table and not passed_through:
             f.status = COVERED_BY_US
             if f.native:
                 f.note = "flashinfer's native site, served from cute-diskcache (CUTE_DISKCACHE_NATIVE_SITES=flashinfer leaves it to flashinfer)"
+            if unverified:
+                f.note = "unverified release, checks passed" + (f"; {f.note}" if f.note else "")
         elif f.native:
             f.status = NOTHING if native_disabled else NATIVE
             if native_disabled:
@@ -177,6 +196,8 @@ def classify(found: list[Found], version: str, *, native_disabled: bool = False,
             f.status, f.note = COVERED_BY_US, f"through {f.via}"
         else:
             f.status = NOTHING
+        if passed_through:
+            f.note = "unverified release, passed through uncached: " + "; ".join(passed_through) + (f"; {f.note}" if f.note else "")
     return found
 
 
@@ -205,7 +226,9 @@ def sites_report(package_dir: Path | None = None, version: str | None = None) ->
         return {"flashinfer": None, "sites": [], "summary": {}, "missing_adapter_sites": []}
     native_disabled = os.environ.get("FLASHINFER_CUTE_DSL_DISABLE_CACHE", "0") == "1"
     native_ours = v0_7.applies(version) and v0_7.serves_native()
-    found = classify(scan(package_dir), version, native_disabled=native_disabled, native_ours=native_ours)
+    checked = compat.report(package_dir, version, _shapes(version, native_ours))
+    found = classify(scan(package_dir), version, native_disabled=native_disabled, native_ours=native_ours,
+                     site_checks=checked["site_checks"])
     table = _table(version, native_ours)
     present = {(f.file, f.function) for f in found}
     base = package_dir / SCANNED[0]
@@ -215,7 +238,10 @@ def sites_report(package_dir: Path | None = None, version: str | None = None) ->
         "flashinfer": version,
         "flashinfer_dir": str(package_dir),
         "generation": generation_name(version),
-        "verified": version in v0_6.VERIFIED + v0_7.VERIFIED,
+        "verified": checked["verified"],
+        "verified_releases": checked["verified_releases"],
+        "refused": checked["refused"],
+        "site_checks": checked["site_checks"],
         "native_cache_disabled": native_disabled,
         "native_sites": ("cute-diskcache" if native_ours else "flashinfer") if v0_7.applies(version) else None,
         "sites": [asdict(f) for f in found],

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 from types import ModuleType
 
-from ._common import PATCHES, Call, Site, install_proxy, site_codes, version_tuple, flashinfer_version
+from . import compat
+from ._common import MOE_DISPATCH, PATCHES, Call, Site, install_proxy, site_codes, version_tuple, flashinfer_version
 
 log = logging.getLogger("cute_diskcache")
 
@@ -26,10 +27,13 @@ SITES = {
 }
 FIRST_SUPPORTED = (0, 6, 12)
 FIRST_NATIVE = (0, 6, 18)  # flashinfer caches these sites on disk itself from here on
-#: Versions driven for real in the tests.
-VERIFIED = ("0.6.15.post1",)
+#: Releases of this generation the compatibility matrix proved (see :mod:`.compat`).
+VERIFIED = tuple(v for v in compat.VERIFIED if FIRST_SUPPORTED <= version_tuple(v)[:3] < FIRST_NATIVE)
 #: (file relative to blackwell_sm12x/, function) -> kind, for the coverage report.
 COVERED = {("moe_dispatch.py", fn): kind for fn, kind in SITES.items()}
+#: What the sites rely on in flashinfer's source, checked on releases outside VERIFIED: each
+#: reads flashinfer's in-process ``cache_key`` and calls ``cute.compile(..., options=...)``.
+SHAPES = {MOE_DISPATCH: {fn: compat.shape(("cache_key",), cute_compile={"options"}) for fn in SITES}}
 
 
 def _site_key(call: Call) -> object:
@@ -37,8 +41,6 @@ def _site_key(call: Call) -> object:
 
 
 def _sites() -> list[Site]:
-    from ._common import MOE_DISPATCH
-
     return [
         Site(MOE_DISPATCH, fn, kind, _site_key, site_name=f"flashinfer.moe_dispatch.{kind}")
         for fn, kind in SITES.items()
@@ -74,16 +76,20 @@ def patch(md: ModuleType) -> bool:
     """Install the proxy into moe_dispatch (idempotent). True when its sites now use our cache."""
     with PATCHES.lock:
         is_covered = covered(md)
-        sites = site_codes(md, _sites()) if is_covered else {}
+        if is_covered:
+            keep = compat.vetted(md, SITES, SHAPES[MOE_DISPATCH])  # all of them on a verified release
+            sites = site_codes(md, [s for s in _sites() if s.function in keep])
+        else:
+            sites = {}
         if not install_proxy(md, sites):
             log.debug("moe_dispatch has no 'cute' global; nothing to patch")
             return False
-        if is_covered:
+        if sites:
             _warm_up(md)
-            log.debug("cute-diskcache covers moe_dispatch sites %s", ", ".join(SITES))
+            log.debug("cute-diskcache covers moe_dispatch sites %s", ", ".join(s.function for s in sites.values()))
         else:
             log.debug("flashinfer %s: moe_dispatch sites left to flashinfer", flashinfer_version())
-        return is_covered
+        return bool(sites)
 
 
 def _warm_up(md: ModuleType) -> None:

@@ -44,14 +44,14 @@ from typing import Any, Iterator
 
 from .. import targets
 from ..key import UnkeyableError
-from . import _common
+from . import _common, compat
 from ._common import MOE_DISPATCH, PATCHES, SM12X, Call, Site, arg_signature, install_proxy, plain, site_codes, version_tuple
 
 log = logging.getLogger("cute_diskcache")
 
 FIRST = (0, 6, 18)
-#: Versions whose every site below was driven for real in the tests.
-VERIFIED = ("0.7.4",)
+#: Releases of this generation the compatibility matrix proved (see :mod:`.compat`).
+VERIFIED = tuple(v for v in compat.VERIFIED if version_tuple(v)[:3] >= FIRST)
 
 DIRECT_MICRO = f"{SM12X}.moe_direct_micro_kernel"
 W4A16_COMPILER = f"{SM12X}.moe_w4a16_compiler"
@@ -294,6 +294,18 @@ COVERED = {
     **{(f"{m.rsplit('.', 1)[-1]}.py", s.function): s.kind for m, ss in _proxy_sites().items() for s in ss},
     ("moe_w4a16_compiler.py", "compile"): "w4a16",
 }
+#: What each site relies on in flashinfer's source (module -> function -> shape), checked before
+#: caching on a release outside VERIFIED (:mod:`.compat`): the frame locals its key reads, and
+#: the keywords of its compile call (all keyed; ``**`` is direct micro's ``compile_kwargs``,
+#: whose keys :func:`~._common.compile_options` checks at run time).
+SHAPES: dict[str, dict[str, compat.SiteShape]] = {
+    DIRECT_MICRO: {"compile_direct_micro_kernel": compat.shape(("kernel", "topk_ids_dtype"), cute_compile={"options", "**"})},
+    NVFP4_W4A4: {"run_moe_w4a4": compat.shape(("T", "H", "I", "N13", "E", "TOPK"), cute_compile={"options"})},
+    NVFP4_W4A16: {"run_moe_w4a16": compat.shape(("T", "H", "I", "N13", "E", "TOPK"), cute_compile={"options"})},
+    **{name: {"compiled_kernel": compat.shape(("op", "key"), cute_compile=())} for name in OP_MODULES},
+    W4A16_COMPILER: {"compile": compat.shape(("compile_spec", "dsl_compile_options"),
+                                             module_globals=("_COMPILE_CACHE", "_COMPILE_CACHE_LOCK", "_options_cache_key"))},
+}
 
 
 def patch(module: ModuleType) -> bool:
@@ -301,7 +313,9 @@ def patch(module: ModuleType) -> bool:
     name = module.__name__
     with PATCHES.lock:
         if name in _proxy_sites():
-            codes = site_codes(module, _proxy_sites()[name])
+            sites = _proxy_sites()[name]
+            keep = compat.vetted(module, [s.function for s in sites], SHAPES[name])
+            codes = site_codes(module, [s for s in sites if s.function in keep])
             return bool(codes) and install_proxy(module, codes)
         if name == W4A16_COMPILER:
             return _patch_w4a16_compiler(module)
@@ -335,6 +349,8 @@ def _patch_w4a16_compiler(compiler: ModuleType) -> bool:
     """
     real = PATCHES.original(compiler, "compile")
     if real is None or not hasattr(compiler, "_COMPILE_CACHE"):
+        return False
+    if not compat.vetted(compiler, ["compile"], SHAPES[W4A16_COMPILER]):
         return False
     wrapper = compiler.__dict__.get("compile")
     if not getattr(wrapper, "_cdc_w4a16", False):
@@ -411,6 +427,11 @@ NATIVE_BUILDER = "build_and_load_cute_dsl_kernel"
 NATIVE_FUNCTIONS = {"_get_static_kernel": "static", "_get_micro_kernel": "micro", "_get_dynamic_kernel": "dynamic"}
 #: (file, function) -> kind, for the coverage report while we serve them.
 NATIVE_COVERED = {("moe_dispatch.py", fn): kind for fn, kind in NATIVE_FUNCTIONS.items()}
+#: Each reads flashinfer's ``cache_key`` from its frame and builds through the native builder
+#: (module, kernel name, compile_fn positionally; ``extra_key_files`` keyed by content,
+#: ``enable_tvm_ffi`` keyed), whose ``compile_fn`` calls ``cute.compile(..., options=...)``.
+NATIVE_SHAPES = {MOE_DISPATCH: {fn: compat.shape(("cache_key",), build_and_load_cute_dsl_kernel={"extra_key_files", "enable_tvm_ffi"},
+                                                 cute_compile={"options"}) for fn in NATIVE_FUNCTIONS}}
 _MISSING = object()
 
 
@@ -470,13 +491,13 @@ SERVED_NATIVE_SITES = [Site(MOE_DISPATCH, fn, kind, _native_key, options=_native
                        for fn, kind in NATIVE_FUNCTIONS.items()]
 
 
-def _native_builder(md: ModuleType, real: Any) -> Any:
-    """moe_dispatch's view of ``build_and_load_cute_dsl_kernel``: its three sites through our cache.
+def _native_builder(md: ModuleType, real: Any, sites: list[Site]) -> Any:
+    """moe_dispatch's view of ``build_and_load_cute_dsl_kernel``: ``sites`` through our cache.
 
     Any other caller, a call with arguments we do not know, or a kernel we cannot key goes to
     flashinfer's own builder, as if we were not there.
     """
-    codes = site_codes(md, SERVED_NATIVE_SITES)
+    codes = site_codes(md, sites)
 
     def build_and_load_cute_dsl_kernel(module_name: str, kernel_name: str, compile_fn: Any,
                                        extra_key_files: Any = (), **kwargs: Any) -> Any:
@@ -516,9 +537,11 @@ def serve_native_sites(md: ModuleType) -> bool:
         if ours:
             return True
         real = PATCHES.original(md, NATIVE_BUILDER)
-        if real is None or not site_codes(md, SERVED_NATIVE_SITES):
+        keep = compat.vetted(md, NATIVE_FUNCTIONS, NATIVE_SHAPES[MOE_DISPATCH])
+        served = [s for s in SERVED_NATIVE_SITES if s.function in keep]
+        if real is None or not site_codes(md, served):
             return False
-        PATCHES.set(md, NATIVE_BUILDER, _native_builder(md, real))
+        PATCHES.set(md, NATIVE_BUILDER, _native_builder(md, real, served))
         return True
 
 
@@ -534,6 +557,9 @@ def serving_native(md: ModuleType | None = None) -> bool:
 # --------------------------------------------------------------------------------------------
 
 
+_IDENTITY_WARNED: list[bool] = []
+
+
 def native_identity(module_name: str, kernel_name: str, compile_fn: Any, extra_key_files: Any, enable_tvm_ffi: bool) -> dict[str, Any]:
     """Which native kernel a ``build_and_load_cute_dsl_kernel`` call is, and whether it is on disk.
 
@@ -546,15 +572,33 @@ def native_identity(module_name: str, kernel_name: str, compile_fn: Any, extra_k
     try:
         disabled = core.cute_dsl_cache_disabled()
         sha = core._hash_source_files(tuple(extra_key_files))
-        spec = core.JitSpecCuteDsl(module_name, kernel_name, compile_fn, sha, enable_tvm_ffi=enable_tvm_ffi)
+        spec = core.JitSpecCuteDsl(module_name, kernel_name, compile_fn, sha, **_spec_options(core, enable_tvm_ffi))
         out.update(name=spec.name, path=str(spec.object_path), cached=bool(spec.is_compiled) and not disabled,
                    disabled=disabled)
         ident = json.dumps([spec.name, spec.expected_meta, str(spec.object_path)], sort_keys=True)
     except Exception as exc:  # identity is for reporting; a failure must not stop dispatch
-        log.debug("native kernel identity unavailable: %s", exc)
+        if not _IDENTITY_WARNED:  # once: a release whose native cache API moved shows up, not every kernel
+            _IDENTITY_WARNED.append(True)
+            log.warning("flashinfer %s: cannot tell whether its native kernels are cached (%s: %s); prewarm "
+                        "will list them as missing", _common.flashinfer_version(), type(exc).__name__, exc)
         ident = json.dumps([module_name, kernel_name])
     out["digest"] = hashlib.sha256(ident.encode()).hexdigest()
     return out
+
+
+def _spec_options(core: ModuleType, enable_tvm_ffi: bool) -> dict[str, Any]:
+    """The keywords this release's ``JitSpecCuteDsl`` takes beyond the four positional ones.
+
+    ``enable_tvm_ffi`` arrived in 0.7.4; 0.6.18-0.7.2.post1 build every native kernel with
+    tvm-ffi and passing it is a TypeError (which once made every native kernel look uncached).
+    """
+    import inspect
+
+    if "enable_tvm_ffi" in inspect.signature(core.JitSpecCuteDsl.__init__).parameters:
+        return {"enable_tvm_ffi": enable_tvm_ffi}
+    if not enable_tvm_ffi:
+        raise TypeError(f"flashinfer {_common.flashinfer_version()} builds native kernels with tvm-ffi only")
+    return {}
 
 
 @contextlib.contextmanager
