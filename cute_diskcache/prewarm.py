@@ -12,10 +12,12 @@ kernels differently is followed automatically:
    representative m per missing kernel with the cache on, and checking that the key it
    compiled is the one planned.
 
-Assumption (documented in the README): keys are deterministic only with ``use_cuda_graph=True``.
-flashinfer's functional ``b12x_fused_moe`` grows its workspace with the largest batch seen, and
-``max_rows`` in the micro/static keys follows that history (flashinfer PR #3836): no tool outside
-the engine can predict those keys.
+The functional path (``b12x_fused_moe``, and the wrapper without CUDA graphs) grows its
+workspace with the largest batch seen, and ``max_rows`` in the micro/static keys follows that
+history (flashinfer PR #3836). From flashinfer 0.7.4 the workspace grows in power-of-two steps,
+so the keys are a finite set; ``--functional`` plans and compiles all of them by driving that
+path through every (workspace, m) pair it can meet (:mod:`.flashinfer_sites.functional`).
+Before 0.7.4 those keys follow every batch history and ``--functional`` is refused.
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ class Kernel:
     digest: str
     kind: str
     ms: list[int] = field(default_factory=list)
+    #: m values to dispatch, from cleared workspaces, so that the last one requests this kernel
+    #: (the functional path: a workspace of the right size first); default ``ms[0]`` alone.
+    recipe: tuple[int, ...] = ()
     status: str = "planned"  # planned | cached | compiled | failed
     native: bool = False  # flashinfer >= 0.6.18 persists it in its own cache, not ours
     key: Any = None  # the CacheKey the site asked for (ours only)
@@ -71,7 +76,7 @@ class Kernel:
     error: str | None = None
 
 
-def _dispatcher(shape: Any, max_num_tokens: int) -> Any:
+def _dispatcher(shape: Any, max_num_tokens: int, functional: bool = False) -> Any:
     from . import flashinfer_sites
 
     return flashinfer_sites.Dispatcher(
@@ -86,30 +91,51 @@ def _dispatcher(shape: Any, max_num_tokens: int) -> Any:
         swiglu_beta=shape.swiglu_beta,
         swiglu_limit=shape.swiglu_limit,
         quant_mode=shape.quant_mode,
+        use_cuda_graph=not functional,
     )
 
 
-def plan(shape: Any, ms: list[int], max_num_tokens: int) -> dict[str, Kernel]:
-    """Every kernel flashinfer would compile for these m, keyed by digest (this process only)."""
+def _calls(d: Any, ms: list[int], functional: bool) -> Any:
+    """(recipe, m) for every dispatch planning makes, as it makes it."""
+    if not functional:
+        for m in ms:
+            d.run(m)
+            yield (m,), m
+        return
+    from .flashinfer_sites import functional as fpath
+
+    reason = fpath.unsupported()
+    if reason:
+        raise NotImplementedError(f"no --functional plan: {reason}")
+    yield from fpath.walk(d.run, ms)
+
+
+def plan(shape: Any, ms: list[int], max_num_tokens: int, functional: bool = False) -> dict[str, Kernel]:
+    """Every kernel flashinfer would compile for these m, keyed by digest (this process only).
+
+    ``functional``: the keys of the functional path (and the wrapper without CUDA graphs) for
+    every workspace size those m can meet, each with the recipe that requests it again.
+    """
     from . import flashinfer_sites
 
     kernels: dict[str, Kernel] = {}
     with flashinfer_sites.planning() as requested:
-        d = _dispatcher(shape, max_num_tokens)
+        d = _dispatcher(shape, max_num_tokens, functional)
         if getattr(d, "offline_limit", None):
             raise NotImplementedError(f"no exact offline plan: {d.offline_limit}")
-        for m in ms:
-            before = len(requested)
-            d.run(m)
-            # flashinfer memoises what a site returned, so an m whose kernel was already
+        before = 0
+        for recipe, m in _calls(d, ms, functional):
+            # flashinfer memoises what a site returned, so a call whose kernel was already
             # planned requests nothing new: it needs no extra kernel.
             for req in requested[before:]:
-                k = kernels.setdefault(req["digest"], Kernel(req["digest"], req["kind"], native=bool(req.get("native")), key=req.get("key")))
+                k = kernels.setdefault(req["digest"], Kernel(req["digest"], req["kind"], native=bool(req.get("native")),
+                                                             key=req.get("key"), recipe=recipe))
                 if req.get("native"):
                     k.path = req.get("path")
                 if req.get("cached"):  # native: flashinfer's cache already has it
                     k.status = "cached"
                 k.ms.append(m)
+            before = len(requested)
     return kernels
 
 
@@ -146,24 +172,30 @@ def worker_main(args: argparse.Namespace) -> int:
     install(target=args.target)
     shape = models.MoEShape(**json.loads(args.worker_shape))
     cache = default_cache()
-    dispatcher = _dispatcher(shape, args.max_num_tokens)
+    dispatcher = _dispatcher(shape, args.max_num_tokens, args.functional)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         if not line.strip():
             continue
-        m = int(line)
+        recipe = [int(v) for v in line.split()]
+        m = recipe[-1]
         before = len(cache.events)
         t0 = time.perf_counter()
         error = None
-        record: dict[str, Any] = {}
+        records: list[dict[str, Any]] = []
         try:
-            record = dispatcher.run(m)
+            if args.functional:
+                from .flashinfer_sites import functional as fpath
+
+                records = fpath.replay(dispatcher.run, tuple(recipe))
+            else:
+                records = [dispatcher.run(v) for v in recipe]
         except Exception as exc:  # reported per kernel; the worker carries on
             error = f"{type(exc).__name__}: {exc}"
         events = [{"digest": e[1], "outcome": e[2], "seconds": e[3]} for e in cache.events[before:]]
         # flashinfer's natively cached kernels, built (or found) by flashinfer itself.
         events += [{"digest": e["digest"], "outcome": e["outcome"], "seconds": e["seconds"], "path": e.get("path")}
-                   for e in record.get("native", [])]
+                   for record in records for e in record.get("native", [])]
         print(json.dumps({"m": m, "events": events, "error": error, "seconds": time.perf_counter() - t0,
                           "writable": cache.store.writable}), flush=True)
     return 0
@@ -188,7 +220,7 @@ class _Worker:
     def send(self, k: Kernel) -> None:
         self.current = k
         assert self.proc.stdin is not None
-        self.proc.stdin.write(f"{k.ms[0]}\n")
+        self.proc.stdin.write(" ".join(map(str, k.recipe or (k.ms[0],))) + "\n")
         self.proc.stdin.flush()
 
     def close(self) -> None:
@@ -206,6 +238,8 @@ def compile_missing(kernels: list[Kernel], shape: Any, args: argparse.Namespace,
         return
     cmd = [sys.executable, "-m", "cute_diskcache.prewarm", "--worker", "--worker-shape", json.dumps(shape.as_dict()),
            "--max-num-tokens", str(args.max_num_tokens)]
+    if args.functional:
+        cmd.append("--functional")
     if args.target:
         cmd += ["--target", args.target]
     events: queue.Queue[tuple[_Worker, dict[str, Any] | None]] = queue.Queue()
@@ -215,6 +249,8 @@ def compile_missing(kernels: list[Kernel], shape: Any, args: argparse.Namespace,
     from .cache import default_cache
 
     store = default_cache().store
+    # Digests this run compiled (a recipe's first dispatch may compile another planned kernel).
+    compiled_here: dict[str, float] = {}
     while alive:
         w, msg = events.get()
         if msg is None:  # the worker died; what it held failed
@@ -223,6 +259,8 @@ def compile_missing(kernels: list[Kernel], shape: Any, args: argparse.Namespace,
                 w.current.status, w.current.error = "failed", f"worker exited with {w.proc.wait()}"
                 progress.update(1)
             continue
+        if "m" in msg:
+            compiled_here.update((e["digest"], e["seconds"]) for e in msg["events"] if e["outcome"] == "miss")
         if "m" in msg and w.current is not None:
             k = w.current
             hit = [e for e in msg["events"] if e["digest"] == k.digest]
@@ -232,6 +270,8 @@ def compile_missing(kernels: list[Kernel], shape: Any, args: argparse.Namespace,
                 k.status, k.error = "failed", "flashinfer compiled other keys than planned for m=%d" % k.ms[0]
             else:
                 k.status, k.seconds = ("compiled" if hit[0]["outcome"] == "miss" else "cached"), hit[0]["seconds"]
+                if k.digest in compiled_here:  # compiled by this run (maybe by another recipe first)
+                    k.status, k.seconds = "compiled", compiled_here[k.digest]
                 if k.native:
                     native_obj = Path(hit[0]["path"]) if hit[0].get("path") else None
                     k.path = str(native_obj) if native_obj else None
@@ -241,6 +281,12 @@ def compile_missing(kernels: list[Kernel], shape: Any, args: argparse.Namespace,
                 if k.key is not None and (store.entry_dir(k.key) / entry.MANIFEST).exists():
                     k.bytes = _entry_size(store.entry_dir(k.key))
             w.current = None
+            progress.update(1)
+        while todo and todo[0].digest in compiled_here and not todo[0].native:
+            done = todo.pop(0)  # already compiled on the way to another kernel
+            done.status, done.seconds = "compiled", compiled_here[done.digest]
+            if done.key is not None:
+                done.bytes = _entry_size(store.entry_dir(done.key))
             progress.update(1)
         if todo:
             w.send(todo.pop(0))
@@ -284,7 +330,7 @@ def _print_table(shape: Any, kernels: dict[str, Kernel], summary: dict[str, Any]
     kinds = sorted({k.kind for k in kernels.values()}, key=rank)
     for kind in kinds:
         ks = [k for k in kernels.values() if k.kind == kind]
-        ms = sorted(m for k in ks for m in k.ms)
+        ms = sorted({m for k in ks for m in k.ms})
         print(f"{kind:<15}{len(ks):>8}  {ms[0]}..{ms[-1]} ({len(ms)} m)")
     if any(k.native for k in kernels.values()):
         print("(native-*: persisted by flashinfer's own cache, prewarmed through it)")
@@ -310,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dry-run", action="store_true", help="list the kernels, compile nothing")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
     ap.add_argument("--verify", action="store_true", help="on the real GPU: dispatch every m again and report compiles")
+    ap.add_argument("--functional", action="store_true",
+                    help="flashinfer >= 0.7.4: the keys of the functional b12x_fused_moe path (and the wrapper without "
+                         "CUDA graphs) for every workspace size those m can meet, instead of the CUDA-graph wrapper's")
     ap.add_argument("--list-models", action="store_true", help="list bundled model configs")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-shape", help=argparse.SUPPRESS)
@@ -342,10 +391,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from .activation import install
 
+    from .flashinfer_sites import compat
+
+    if compat.refusal():  # the matrix shows this flashinfer + DSL cannot compile these kernels
+        print(f"error: cute-diskcache refuses {compat.refusal()}", file=sys.stderr)
+        return EXIT_UNSUPPORTED
     t0 = time.perf_counter()
     install(target=args.target)
     try:
-        kernels = plan(shape, ms, args.max_num_tokens)
+        kernels = plan(shape, ms, args.max_num_tokens, args.functional)
     except NotImplementedError as exc:  # flashinfer's own refusal, e.g. EP on 0.6.x
         print(f"error: flashinfer cannot serve {shape.model} this way: {exc}", file=sys.stderr)
         return EXIT_UNSUPPORTED
@@ -364,9 +418,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = _summary(kernels, time.perf_counter() - t0)
     summary["model"] = shape.as_dict()
     summary["target"] = args.target
+    summary["functional"] = args.functional
     if args.json:
-        summary["kernel_list"] = [{"digest": k.digest, "kind": k.kind, "ms": k.ms, "status": k.status, "native": k.native}
-                                  for k in kernels.values()]
+        summary["kernel_list"] = [{"digest": k.digest, "kind": k.kind, "ms": k.ms, "status": k.status, "native": k.native,
+                                   "recipe": list(k.recipe)} for k in kernels.values()]
         print(json.dumps(summary, indent=1))
     else:
         _print_table(shape, kernels, summary, args.dry_run)
@@ -384,8 +439,16 @@ def verify(shape: Any, ms: list[int], args: argparse.Namespace) -> int:
     from .cache import default_cache
 
     install()
-    d = _dispatcher(shape, args.max_num_tokens)
-    native = [e for m in ms for e in d.run(m).get("native", [])]  # flashinfer's own cache (0.6.18+)
+    d = _dispatcher(shape, args.max_num_tokens, args.functional)
+    if args.functional:  # every workspace size again, as planning met them
+        from .flashinfer_sites import functional as fpath
+
+        records = []
+        for _recipe, _m in fpath.walk(lambda m: records.append(d.run(m)), ms):
+            pass
+    else:
+        records = [d.run(m) for m in ms]
+    native = [e for r in records for e in r.get("native", [])]  # flashinfer's own cache (0.6.18+)
     native_compiles = sum(1 for e in native if e["outcome"] == "miss")
     counters = default_cache().counters
     print(json.dumps({"m": len(ms), "hits": counters.hits, "compiles": counters.compiles,
