@@ -1,0 +1,166 @@
+"""Real vLLM 0.34.0: its plugin loader runs our entry point, and its b12x experts build the wrapper
+prewarm plans with.
+
+vLLM is installed into a venv of its own (``--no-deps``: its wheel requires a CUDA torch 2.14;
+plus what its plugin loader and fused-MoE experts import, at vLLM's own versions, flashinfer 0.7.4
+and vLLM's DSL pin), with this checkout as a built wheel, so the entry point is what ``pip install``
+registers. Nothing of vLLM is imitated: ``tests/vllm_driver.py`` calls vLLM's functions and
+classes, and the source checks read the installed vLLM files, so a vLLM release that changes how
+it builds ``B12xMoEWrapper`` (and so the kernel keys) fails here instead of silently missing.
+
+The venv lives under ``$CUTE_DISKCACHE_COMPAT_SCRATCH`` (default ``~/.cache/cute-diskcache/compat``,
+outside the checkout; built once, ~2 min, then reused). ``CUTE_DISKCACHE_VLLM=off`` skips.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cute_diskcache import models
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _compat, whatever pytest's import mode
+from _compat import REPO, SCRATCH, matrix  # noqa: E402
+
+DRIVER = Path(__file__).resolve().parent / "vllm_driver.py"
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("CUTE_DISKCACHE_VLLM") == "off", reason="CUTE_DISKCACHE_VLLM=off: vLLM tests skipped"),
+    pytest.mark.slow,
+]
+_DROPPED_ENV = re.compile(r"^(CUTE_DISKCACHE_.*|FLASHINFER_B12X_DISK_CACHE|CUTE_DSL_ARCH|FLASHINFER_WORKSPACE_.*|PYTHONPATH)$")
+#: What prewarm assumes of vLLM's B12xMoEWrapper construction (README, "Prewarm"): keyword ->
+#: the expression vLLM passes, in FlashInferB12xExperts._ensure_wrapper.
+WRAPPER_CALL = {
+    "num_experts": "self.global_num_experts",
+    "top_k": "self.topk",
+    "hidden_size": "self.hidden_dim",
+    "intermediate_size": "self.intermediate_size_per_partition",
+    "use_cuda_graph": "True",
+    "max_num_tokens": "self.max_num_tokens",
+    "num_local_experts": "self.num_local_experts",
+    "activation": "self._activation_str",
+}
+#: ... and where those attributes come from, in FlashInferB12xExperts.__init__.
+FROM_MOE_CONFIG = {
+    "self.global_num_experts": "moe_config.num_experts",
+    "self.topk": "moe_config.experts_per_token",
+    "self.hidden_dim": "moe_config.hidden_dim",
+    "self.intermediate_size_per_partition": "moe_config.intermediate_size_per_partition",
+    "self.max_num_tokens": "moe_config.max_num_tokens",
+    "self.num_local_experts": "moe_config.num_local_experts",
+}
+#: Activations prewarm's model reader produces (cute_diskcache.models.moe_shape).
+PREWARM_ACTIVATIONS = {"silu", "gelu_tanh", "relu2", "swigluoai_uninterleave"}
+
+
+@pytest.fixture(scope="module")
+def vllm_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    script = matrix()
+    python = script.vllm_venv(SCRATCH)
+    script.install_checkout_wheel(python, REPO, tmp_path_factory.mktemp("vllm-wheel"))
+    return python
+
+
+def _child(python: Path, *args: str, cwd: Path) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not _DROPPED_ENV.match(k)}
+    env["CUTE_DISKCACHE_DIR"] = str(cwd / "root")
+    proc = subprocess.run([str(python), str(DRIVER), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_vllm_is_the_release_under_test(vllm_python: Path, tmp_path: Path) -> None:
+    out = subprocess.run([str(vllm_python), "-c", "import importlib.metadata as m, cute_diskcache, json; print(json.dumps("
+                          "[m.version('vllm'), m.version('flashinfer-python'), m.version('torch'), cute_diskcache.__file__]))"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    vllm, flashinfer, torch, ours = json.loads(out.stdout)
+    assert (vllm, flashinfer, torch) == ("0.34.0", "0.7.4", "2.13.0+cpu")
+    assert "site-packages" in ours, "cute_diskcache must come from the installed wheel (entry points)"
+
+
+def test_load_general_plugins_runs_our_entry_point_and_attaches_only_when_enabled(vllm_python: Path, tmp_path: Path) -> None:
+    off = _child(vllm_python, "plugins", cwd=tmp_path)
+    assert off == {"entry_point_ran": True, "installed": False, "import_hooks": 0, "flashinfer_imported": False}
+    on = _child(vllm_python, "plugins", "--enable", cwd=tmp_path)
+    assert on == {"entry_point_ran": True, "installed": True, "import_hooks": 1, "flashinfer_imported": False}
+
+
+@pytest.mark.parametrize("model, tp", [("qwen3-30b-a3b", 2), ("qwen3-235b-a22b", 4)])
+def test_vllm_b12x_experts_build_the_wrapper_prewarm_builds(vllm_python: Path, tmp_path: Path, model: str, tp: int) -> None:
+    """vLLM's own experts class and config build a wrapper identical to prewarm's for that model."""
+    out = _child(vllm_python, "experts", model, str(tp), "8192", cwd=tmp_path)
+    (call,) = out["vllm_passed"]
+    assert call["args"] == [] and set(call["kwargs"]) == set(WRAPPER_CALL)
+    assert call["kwargs"]["use_cuda_graph"] is True
+    assert call["kwargs"]["max_num_tokens"] == 8192  # FusedMoEConfig.max_num_tokens, unchanged
+    shape = models.moe_shape(model, tp=tp)
+    assert call["kwargs"]["intermediate_size"] == shape.intermediate_size == out["vllm_moe_config"]["intermediate_size_per_partition"]
+    assert {k: out["prewarm_passed"][k] for k in call["kwargs"] if k != "num_local_experts"} == \
+        {k: v for k, v in call["kwargs"].items() if k != "num_local_experts"}
+    # Every scalar flashinfer derived (defaults, quant mode, swiglu, local experts) is the same.
+    assert out["vllm_wrapper"] == out["prewarm_wrapper"]
+
+
+# --------------------------------------------------------------------------------------------
+# The installed vLLM source: how FlashInferB12xExperts gets its arguments
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vllm_source(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = subprocess.run([str(vllm_python), "-c", "import importlib.util as u; print(u.find_spec('vllm').submodule_search_locations[0])"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path_factory.mktemp("cwd"))
+    return Path(out.stdout.strip())
+
+
+def _class(tree: ast.Module, name: str) -> ast.ClassDef:
+    return next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+def _method(cls: ast.ClassDef, name: str) -> ast.FunctionDef:
+    return next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def _assignments(fn: ast.AST) -> dict[str, str]:
+    return {ast.unparse(t): ast.unparse(n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign) for t in n.targets}
+
+
+def test_vllm_source_builds_b12x_wrapper_as_prewarm_assumes(vllm_source: Path) -> None:
+    tree = ast.parse((vllm_source / "model_executor/layers/fused_moe/experts/flashinfer_b12x_moe.py").read_text())
+    experts = _class(tree, "FlashInferB12xExperts")
+    calls = [n for n in ast.walk(_method(experts, "_ensure_wrapper"))
+             if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("B12xMoEWrapper")]
+    assert len(calls) == 1 and not calls[0].args
+    assert {k.arg: ast.unparse(k.value) for k in calls[0].keywords} == WRAPPER_CALL
+    init = _assignments(_method(experts, "__init__"))
+    assert {attr: init.get(attr) for attr in FROM_MOE_CONFIG} == FROM_MOE_CONFIG
+    activation_map = next(n for n in experts.body if isinstance(n, ast.AnnAssign) and ast.unparse(n.target) == "_ACTIVATION_MAP")
+    assert isinstance(activation_map.value, ast.Dict)
+    assert {ast.literal_eval(v) for v in activation_map.value.values} <= PREWARM_ACTIVATIONS
+
+
+def test_vllm_sizes_the_wrapper_from_max_num_batched_tokens_and_splits_by_tp(vllm_source: Path) -> None:
+    layer = ast.parse((vllm_source / "model_executor/layers/fused_moe/layer.py").read_text())
+    enclosing: dict[ast.Call, ast.FunctionDef] = {}
+    for fn in ast.walk(layer):  # outer functions first: the innermost one wins
+        if isinstance(fn, ast.FunctionDef):
+            enclosing.update((n, fn) for n in ast.walk(fn) if isinstance(n, ast.Call) and "FusedMoEConfig" in ast.unparse(n.func))
+    assert enclosing, "layer.py builds no FusedMoEConfig"
+    found = []
+    for call, fn in enclosing.items():
+        keywords = {k.arg: ast.unparse(k.value) for k in call.keywords}
+        if "max_num_tokens" in keywords:
+            found.append((keywords["max_num_tokens"], _assignments(fn).get(keywords["max_num_tokens"])))
+    assert found == [("max_num_batched_tokens", "vllm_config.scheduler_config.max_num_batched_tokens")], found
+    config = ast.parse((vllm_source / "model_executor/layers/fused_moe/config.py").read_text())
+    post_init = _assignments(_method(_class(config, "FusedMoEConfig"), "__post_init__"))
+    assert post_init["tp_size"] == "self.moe_parallel_config.tp_size"
+    assert post_init["self.intermediate_size_per_partition"] == "self.intermediate_size // tp_size"

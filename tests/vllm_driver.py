@@ -1,0 +1,109 @@
+"""Child for tests/test_vllm.py: vLLM 0.34.0's own code, on this CPU box, beside cute-diskcache.
+
+Run with the vLLM test venv's interpreter (vLLM installed ``--no-deps``, cute-diskcache as a
+wheel), never imported by pytest. Two modes, each printing one JSON line:
+
+``plugins [--enable]``
+    The variable is unset at interpreter start (so the ``.pth`` hook does nothing); with
+    ``--enable`` it is set afterwards, then ``vllm.plugins.load_general_plugins()`` runs. Reports
+    whether vLLM ran our entry point and whether the cache got attached.
+
+``experts MODEL TP MAX_NUM_TOKENS``
+    vLLM's ``FlashInferB12xExperts`` builds its ``B12xMoEWrapper`` (``_ensure_wrapper``, what its
+    first ``apply`` does) from a ``FusedMoEConfig`` that vLLM's own class completes (TP split,
+    max_num_tokens), for the bundled model's full-size shape; prewarm's dispatcher builds one
+    for the same model, TP and max tokens. Both are real flashinfer wrappers; reported: the
+    keywords vLLM passed, and each wrapper's scalar state. The one liberty taken: vLLM's wrapper
+    gets ``device="cpu"`` added (there is no GPU here; vLLM leaves the device to flashinfer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+
+def plugins(enable: bool) -> dict[str, Any]:
+    assert "FLASHINFER_B12X_DISK_CACHE" not in os.environ, "the .pth would have attached the cache already"
+    if enable:
+        os.environ["FLASHINFER_B12X_DISK_CACHE"] = "1"
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    from cute_diskcache import activation
+
+    return {
+        "entry_point_ran": "cute_diskcache.vllm_plugin" in sys.modules,
+        "installed": activation.installed(),
+        "import_hooks": sum(isinstance(f, activation._Finder) for f in sys.meta_path),
+        "flashinfer_imported": "flashinfer" in sys.modules,
+    }
+
+
+def _scalars(obj: Any) -> dict[str, Any]:
+    return {k: v for k, v in sorted(vars(obj).items()) if isinstance(v, (bool, int, float, str)) or v is None}
+
+
+def experts(model: str, tp: int, max_num_tokens: int) -> dict[str, Any]:
+    import cute_diskcache
+
+    cute_diskcache.install(target="rtx-pro-6000")  # before flashinfer is imported: no GPU here
+    import dataclasses
+
+    import torch
+    import flashinfer.fused_moe as ffm
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.config import (
+        FusedMoEConfig, FusedMoEParallelConfig, RoutingMethodType, nvfp4_moe_quant_config)
+    from vllm.model_executor.layers.fused_moe.experts.flashinfer_b12x_moe import FlashInferB12xExperts
+
+    from cute_diskcache import models, prewarm
+
+    full = models.moe_shape(model, tp=1)  # what the checkpoint says; vLLM splits it by TP itself
+    passed: list[dict[str, Any]] = []
+    real = ffm.B12xMoEWrapper
+
+    class Recorded(real):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            passed.append({"args": list(args), "kwargs": {k: v for k, v in kwargs.items() if isinstance(v, (bool, int, float, str))
+                                                          or v is None}})
+            super().__init__(*args, **{"device": "cpu", **kwargs})
+
+    ffm.B12xMoEWrapper = Recorded
+    activation = {"silu": MoEActivation.SILU, "relu2": MoEActivation.RELU2_NO_MUL, "gelu_tanh": MoEActivation.GELU_TANH}[full.activation]
+    moe_config = FusedMoEConfig(
+        num_experts=full.num_experts, experts_per_token=full.top_k, hidden_dim=full.hidden_size,
+        intermediate_size=full.intermediate_size, num_local_experts=full.num_experts, num_logical_experts=full.num_experts,
+        activation=activation, device="cpu", routing_method=RoutingMethodType.Renormalize,
+        moe_parallel_config=dataclasses.replace(FusedMoEParallelConfig.make_no_parallel(), tp_size=tp),
+        in_dtype=torch.bfloat16, max_num_tokens=max_num_tokens,
+    )
+    E = full.num_experts
+    quant_config = nvfp4_moe_quant_config(g1_alphas=torch.ones(E), g2_alphas=torch.ones(E), a1_gscale=torch.ones(E),
+                                          a2_gscale=torch.ones(E), w1_scale=torch.ones(E), w2_scale=torch.ones(E))
+    vllm_experts = FlashInferB12xExperts(moe_config, quant_config)
+    vllm_experts._ensure_wrapper()
+    ours = prewarm._dispatcher(models.moe_shape(model, tp=tp), max_num_tokens)
+    return {
+        "vllm_passed": passed,
+        "vllm_moe_config": {"intermediate_size_per_partition": moe_config.intermediate_size_per_partition,
+                            "max_num_tokens": moe_config.max_num_tokens},
+        "vllm_wrapper": _scalars(vllm_experts._wrapper),
+        "prewarm_wrapper": _scalars(ours.wrapper),
+        "prewarm_passed": {k: v for k, v in ours.wrapper_kwargs.items() if isinstance(v, (bool, int, float, str)) or v is None},
+    }
+
+
+def main(argv: list[str]) -> int:
+    if argv[0] == "plugins":
+        out = plugins("--enable" in argv[1:])
+    else:
+        out = experts(argv[1], int(argv[2]), int(argv[3]))
+    print(json.dumps(out, default=str), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
