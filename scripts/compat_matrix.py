@@ -94,7 +94,8 @@ class Cell:
         return [f"flashinfer-python=={self.flashinfer}", f"nvidia-cutlass-dsl{'[cu13]' if self.cu13 else ''}=={self.dsl}"]
 
 
-OLDEST, NEWEST, SEED, SGLANG, VLLM = "oldest DSL allowed", "DSL 4.8.1", "seed stack", "SGLang 0.5.23 pin", "vLLM 0.34.0 pin (0.7.3)"
+OLDEST, WORKING, NEWEST, SEED, SGLANG, VLLM = ("oldest DSL allowed", "oldest DSL that works", "DSL 4.8.1", "seed stack",
+                                               "SGLang 0.5.23 pin", "vLLM 0.34.0 pin (0.7.3)")
 #: Releases on the package index that carry the sm12x MoE code, and the lowest DSL each one's
 #: metadata allows (0.6.12-0.6.17: >=4.5.0; 0.6.18-0.7.2.post1: >=4.6.2a0; 0.7.4: >=4.8.0).
 RELEASES = {
@@ -102,6 +103,9 @@ RELEASES = {
     "0.6.17": "4.5.0", "0.6.18.post1": "4.6.2", "0.7.0.post1": "4.6.2", "0.7.1": "4.6.2", "0.7.2.post1": "4.6.2",
     "0.7.4": "4.8.0",
 }
+#: Where the lowest DSL the metadata allows cannot work (a refused cell), the oldest that does.
+#: 0.7.1 and later import cutlass.experimental (DSL 4.7+); 4.5 needs its cu13 libs (added below).
+OLDEST_WORKING = {"0.7.1": "4.7.0", "0.7.2.post1": "4.7.0"}
 
 
 def _cells() -> list[Cell]:
@@ -119,6 +123,8 @@ def _cells() -> list[Cell]:
             add(fi, lowest, True, OLDEST)
         else:
             add(fi, lowest, False, OLDEST)
+        if fi in OLDEST_WORKING:
+            add(fi, OLDEST_WORKING[fi], False, WORKING)
         add(fi, "4.8.1", False, NEWEST)
     for fi in ("0.6.12", "0.6.13"):  # the stacks the report this project answers was measured on
         add(fi, "4.5.0", False, SEED)
@@ -324,6 +330,7 @@ def doctor(run: Run) -> dict[str, Any]:
     return {
         "rc_strict": strict.returncode,
         "refused": report.get("refused"),
+        "refused_evidence": report.get("refused_evidence"),
         "summary": report.get("summary"),
         "verified": report.get("verified"),
         "generation": report.get("generation"),
@@ -434,7 +441,9 @@ def run_cell(cell: Cell, scratch: Path, code: Path = REPO, *, prewarm: bool = Tr
     result["doctor"] = doctor(run)
     sites = sites if sites is not None else sites_to_drive(result["doctor"])
     if result["doctor"].get("refused"):
-        sites = sites[:1]  # flashinfer compiles it uncached: one site records the DSL's own error
+        # flashinfer runs it uncached; the site the refusal names records the DSL's own error
+        evidence = result["doctor"].get("refused_evidence")
+        sites = [evidence] if evidence in sites else sites[:1]
     result["sites_driven"] = sites
     cold = child(run, sites)
     refused = any("refuses" in ln for ln in cold.get("log", []))
@@ -509,14 +518,6 @@ def table(results: list[dict[str, Any]]) -> str:
         rows.append(f"| {r['flashinfer']} | {r['dsl']}{' [cu13]' if r['cu13'] else ''} | {', '.join(r['roles'])} | **{r['status']}** | "
                     f"{_sites_text(r)} | {_plan_text(r.get('prewarm'))} | {strict} | {note.replace('|', '/')} |")
     return "\n".join(rows)
-
-
-def summary(results: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """flashinfer release -> the DSLs proven / refused / failed with it."""
-    out: dict[str, list[str]] = {}
-    for r in results:
-        out.setdefault(r["status"], []).append(r["cell"])
-    return out
 
 
 def write_markdown(results: list[dict[str, Any]], path: Path, run_info: dict[str, Any] | None) -> None:

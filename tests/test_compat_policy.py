@@ -158,13 +158,21 @@ def test_every_site_the_adapters_serve_has_a_shape() -> None:
 
 
 def test_refusal_rule_for_dsl_4_5_without_cu13_libs() -> None:
-    (rule,) = compat.REFUSED
+    rule = compat.REFUSED[0]
     base_only = {"nvidia-cutlass-dsl": "4.5.0", "nvidia-cutlass-dsl-libs-base": "4.5.0"}
     assert rule.matches("0.6.12", "4.5.0", base_only)
     assert rule.matches("0.6.17", "4.5.0", base_only)
     assert not rule.matches("0.6.12", "4.5.0", {**base_only, "nvidia-cutlass-dsl-libs-cu13": "4.5.0"})
     assert not rule.matches("0.6.12", "4.6.0", base_only)
     assert not rule.matches("0.6.18.post1", "4.5.0", base_only)
+
+
+def test_refusal_rule_for_dsl_4_6_from_0_7_1() -> None:
+    """0.7.1 added nvfp4 runners that import cutlass.experimental (DSL 4.7+)."""
+    rule = compat.REFUSED[1]
+    assert rule.evidence == "w4a4"
+    assert rule.matches("0.7.1", "4.6.2", {}) and rule.matches("0.7.2.post1", "4.6.3", {}) and rule.matches("0.8.0", "4.6.0", {})
+    assert not rule.matches("0.7.0.post1", "4.6.2", {}) and not rule.matches("0.7.1", "4.7.0", {})
 
 
 def _results() -> list[dict]:

@@ -52,13 +52,15 @@ class Refused:
     """A flashinfer range with a DSL range (half-open, version tuples) that cannot work.
 
     ``lacking``: the combination fails only when this distribution is absent (the DSL's CUDA 13
-    libraries, which carry the ptxas that knows sm_120a's block-scaled MMA).
+    libraries, which carry the ptxas that knows sm_120a's block-scaled MMA). ``evidence``: the
+    compatibility matrix's site whose failure, with the DSL's own error, is the record.
     """
 
     flashinfer: tuple[tuple[int, ...], tuple[int, ...]]
     dsl: tuple[tuple[int, ...], tuple[int, ...]]
     reason: str
     lacking: str | None = None
+    evidence: str = "micro"
 
     def matches(self, fi: str, dsl: str, installed: Iterable[str]) -> bool:
         f, d = version_tuple(fi)[:3], version_tuple(dsl)[:3]
@@ -73,6 +75,13 @@ REFUSED: tuple[Refused, ...] = (
         lacking="nvidia-cutlass-dsl-libs-cu13",
         reason=("nvidia-cutlass-dsl 4.5 without its cu13 libraries cannot assemble the sm12x MoE kernels "
                 "(ptxas: \"Unexpected instruction types specified for '_mma'\"); install nvidia-cutlass-dsl[cu13]"),
+    ),
+    Refused(
+        flashinfer=((0, 7, 1), (99,)),
+        dsl=((4, 6, 0), (4, 7, 0)),
+        reason=("its nvfp4 W4A4/W4A16 MoE runners import cutlass.experimental, which nvidia-cutlass-dsl 4.6 does not "
+                "have (flashinfer's cu12/cu13 extras require >= 4.7); install nvidia-cutlass-dsl>=4.7"),
+        evidence="w4a4",
     ),
 )
 
@@ -90,8 +99,8 @@ def _installed(names: Sequence[str]) -> dict[str, str]:
 
 
 @functools.lru_cache(maxsize=1)
-def refusal() -> str | None:
-    """Why this process's flashinfer + DSL combination is refused (None: it is not).
+def refused_rule() -> Refused | None:
+    """The rule refusing this process's flashinfer + DSL combination (None: none does).
 
     Read from distribution metadata only (a few lookups), never by importing the DSL.
     """
@@ -99,11 +108,15 @@ def refusal() -> str | None:
     dsl = dists.get("nvidia-cutlass-dsl")
     if dsl is None:
         return None
-    fi = flashinfer_version()
-    for rule in REFUSED:
-        if rule.matches(fi, dsl, dists):
-            return f"flashinfer {fi} with nvidia-cutlass-dsl {dsl}: {rule.reason}"
-    return None
+    return next((rule for rule in REFUSED if rule.matches(flashinfer_version(), dsl, dists)), None)
+
+
+def refusal() -> str | None:
+    """Why this process's flashinfer + DSL combination is refused (None: it is not)."""
+    rule = refused_rule()
+    if rule is None:
+        return None
+    return f"flashinfer {flashinfer_version()} with nvidia-cutlass-dsl {_installed(_DSL_DISTS[:1])['nvidia-cutlass-dsl']}: {rule.reason}"
 
 
 _REFUSAL_LOGGED: list[bool] = []
@@ -297,5 +310,6 @@ def report(package_dir: Path, version: str, tables: dict[str, dict[str, SiteShap
         "verified": verified(version),
         "verified_releases": list(VERIFIED),
         "refused": refusal() if version == flashinfer_version() else None,
+        "refused_evidence": refused_rule().evidence if version == flashinfer_version() and refused_rule() else None,
         "site_checks": site_checks,
     }

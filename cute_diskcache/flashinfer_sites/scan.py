@@ -241,6 +241,7 @@ def sites_report(package_dir: Path | None = None, version: str | None = None) ->
         "verified": checked["verified"],
         "verified_releases": checked["verified_releases"],
         "refused": checked["refused"],
+        "refused_evidence": checked["refused_evidence"],
         "site_checks": checked["site_checks"],
         "native_cache_disabled": native_disabled,
         "native_sites": ("cute-diskcache" if native_ours else "flashinfer") if v0_7.applies(version) else None,
