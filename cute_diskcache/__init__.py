@@ -27,14 +27,20 @@ __all__ = ["__version__", "install", "uninstall", "cached_compile", "counters"]
 def cached_compile(fn: Callable[..., Any], *args: Any, key: Any, options: Any = None, **kwargs: Any) -> Any:
     """``cute.compile(fn, *args, options=options, **kwargs)`` through the disk cache.
 
-    ``key`` must determine everything the compile depends on besides the source of ``fn``'s
-    package, the DSL stack, the target arch and the DSL's codegen variables, which are added
-    for you: typically the shapes, dtypes and tunables you built the fake arguments from. It is
-    encoded canonically (ints, floats by their bits, str, bytes, bool, None, tuples, lists,
-    dicts, torch dtypes, cutlass types); anything else raises ``TypeError``.
+    ``key`` must determine everything the compile depends on besides the code of ``fn``'s
+    package, the DSL stack, the target arch and the environment switches that code reads, which
+    are added for you: typically the shapes, dtypes and tunables you built the fake arguments
+    from. It is encoded canonically (ints, floats by their bits, str, bytes, bool, None,
+    tuples, lists, dicts, torch dtypes, cutlass types); anything else raises ``TypeError``.
+
+    The code is looked at on every call (one ``stat`` per module file), so a module edited and
+    reloaded (``importlib.reload``, a notebook's autoreload) gets its new kernel, never the one
+    compiled from its old body. Code that has no file or loader source to read (a function
+    defined in a notebook cell, ``__main__`` of ``python -c``) raises
+    :class:`~cute_diskcache.key.UnkeyableError`: a key never rests on nothing.
 
     Returns the loaded kernel on a hit and the freshly compiled one on a miss; both are called
-    the same way. Repeated calls in one process return the same object.
+    the same way. Repeated calls with the same key and code return the same object.
     """
     from . import key as keymod
     from .cache import default_cache
@@ -43,6 +49,8 @@ def cached_compile(fn: Callable[..., Any], *args: Any, key: Any, options: Any = 
 
     owner = getattr(fn, "__module__", None) or type(fn).__module__
     module = sys.modules.get(owner)
+    if module is None:
+        raise keymod.UnkeyableError(f"the module of {fn!r} ({owner}) is not imported: its code cannot be fingerprinted")
     package = owner.split(".")[0]
     env = _generic_env(owner, package, module)
     ck = keymod.CacheKey(env, f"cached_compile:{owner}.{getattr(fn, '__qualname__', type(fn).__qualname__)}", key, options)
@@ -57,28 +65,35 @@ def cached_compile(fn: Callable[..., Any], *args: Any, key: Any, options: Any = 
     return kernel
 
 
+#: digest -> kernel. The digest covers the code (see _generic_env), so a reloaded module's
+#: kernels get new digests and never meet their old bodies' entries here.
 _MEMO: dict[str, Any] = {}
-_ENVS: dict[str, Any] = {}
+#: owner module -> (stamp of the code it reaches, its Environment): reused while the stamp holds.
+_ENVS: dict[str, tuple[tuple[Any, ...], int, Any]] = {}
 
 
 def _generic_env(owner: str, package: str, module: Any) -> Any:
-    env = _ENVS.get(owner)
-    if env is None:
-        import importlib.metadata
+    """The Environment of a ``cached_compile`` kernel defined in ``owner``, for its code as it is now."""
+    from . import key as keymod
 
-        from . import key as keymod
+    cached = _ENVS.get(owner)
+    if cached is not None and cached[1] == id(module.__dict__) and keymod.code_stamp(cached[0]):
+        return cached[2]
+    import importlib.metadata
 
-        # The package's own __version__ first: a distribution need not be named after its
-        # import package (flashinfer is "flashinfer-python"), and the key should say the version.
-        version = getattr(sys.modules.get(package), "__version__", None)
-        if not isinstance(version, str):
-            try:
-                version = importlib.metadata.version(package)
-            except (importlib.metadata.PackageNotFoundError, ValueError):
-                version = "0"
-        sources = keymod.source_fingerprint(module, package) if module is not None else "unknown"
-        env = keymod.Environment(kind="generic", package=f"{package}=={version}", sources=sources, arch=keymod.current_arch())
-        _ENVS[owner] = env
+    # The package's own __version__ first: a distribution need not be named after its
+    # import package (flashinfer is "flashinfer-python"), and the key should say the version.
+    version = getattr(sys.modules.get(package), "__version__", None)
+    if not isinstance(version, str):
+        try:
+            version = importlib.metadata.version(package)
+        except (importlib.metadata.PackageNotFoundError, ValueError):
+            version = "0"
+    facts = keymod.source_facts(module, package)
+    switches = {**keymod.codegen_env(), **keymod.keyed_env(facts.env_reads)}
+    env = keymod.Environment(kind="generic", package=f"{package}=={version}", sources=facts.fingerprint,
+                             arch=keymod.current_arch(), codegen_env=tuple(sorted(switches.items())))
+    _ENVS[owner] = (facts.stamp, id(module.__dict__), env)
     return env
 
 

@@ -93,11 +93,17 @@ class _Finder:
 
 
 def _apply_profile() -> None:
+    """Apply the chosen profile; refused (a real GPU is visible) means: one warning, the real device."""
+    global _profile_name
     if _profile_name is None:
         return
     from . import targets
 
-    targets.apply(_profile_name)
+    try:
+        targets.apply(_profile_name)
+    except targets.ProfileRefused as exc:
+        _profile_name = None
+        _log().warning("cute-diskcache: %s", exc)
 
 
 def _attach(module: ModuleType) -> None:
@@ -148,7 +154,14 @@ def install(target: str | None = None) -> None:
     global _cache_on
     with _lock:
         _cache_on = True
-        set_target(target or os.environ.get("CUTE_DISKCACHE_TARGET") or None)
+        try:
+            set_target(target or os.environ.get("CUTE_DISKCACHE_TARGET") or None)
+        except ValueError as exc:  # targets.UnknownProfileError
+            if target is not None:
+                raise
+            # A typo in the serving environment must not turn the cache off (the .pth door
+            # would swallow the error): the real device is used, with one warning.
+            _log().warning("cute-diskcache: ignoring CUTE_DISKCACHE_TARGET: %s", exc)
         _ensure_finder()
         for module in _site_modules():
             _attach(module)

@@ -28,9 +28,9 @@ import tarfile
 import time
 import zlib
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
-from . import _version, entry, locking, trust
+from . import _version, entry, eviction, layout, locking, trust
 from .key import FORMAT_VERSION, encode
 from .store import LAYOUT, Store
 
@@ -39,86 +39,40 @@ log = logging.getLogger("cute_diskcache")
 BUNDLE_FORMAT = "cute-diskcache-bundle"
 BUNDLE_VERSION = 1
 BUNDLE_MANIFEST = "bundle.json"
-#: Scratch space inside the root for import staging (same filesystem as v1/, so rename works).
-TMP_DIR = "tmp"
-#: Where removed entries go before deletion (shared with :mod:`.eviction`).
-TRASH_DIR = "trash"
+TMP_DIR = layout.TMP_DIR
+TRASH_DIR = layout.TRASH_DIR
 
 #: No payload we write comes near this (objects are a few MiB); anything bigger is hostile.
-MAX_MEMBER_BYTES = 1 << 30
+MAX_MEMBER_BYTES = 256 << 20
+#: An entry has a manifest, one object, a cubin or a few, one MLIR file.
+MAX_ENTRY_FILES = 64
+MAX_ENTRY_BYTES = 512 << 20
 _MAX_BUNDLE_MANIFEST_BYTES = 1 << 20
 _MAX_MEMBERS = 1_000_000
 #: An entry directory without a manifest younger than this may be a writer at work.
 _INCOMPLETE_GRACE_S = 600.0
 _CHUNK = 1 << 20
 
-_NAMESPACE = re.compile(r"[A-Za-z0-9._-]{1,200}")
-_DIGEST = re.compile(r"[0-9a-f]{64}")
-_FILE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
 _MEMBER = re.compile(rf"{LAYOUT}/([^/]+)/([^/]+)/([^/]+)/([^/]+)")
 
-
-# --------------------------------------------------------------------------------------------
-# Walking a root
-# --------------------------------------------------------------------------------------------
-
-
-def valid_namespace(name: str) -> bool:
-    return bool(_NAMESPACE.fullmatch(name)) and name not in (".", "..")
-
-
-def namespace_matches(namespace: str, wanted: Sequence[str] | None) -> bool:
-    """``--namespace`` selection: an exact name or a prefix (namespaces are long)."""
-    return not wanted or any(namespace == w or namespace.startswith(w) for w in wanted)
+# The walk is layout's (one definition of an entry for stats, list, verify, eviction, bundles).
+valid_namespace = layout.valid_namespace
+namespace_matches = layout.namespace_matches
+namespaces = layout.namespaces
+entry_dirs = layout.entry_dirs
+entry_files = layout.entry_files
+entry_bytes = layout.entry_bytes
+last_used = layout.last_used
+_DIGEST = layout.DIGEST_RE
+_FILE = layout.FILE_RE
 
 
-def _subdirs(path: Path) -> list[os.DirEntry[str]]:
-    try:
-        with os.scandir(path) as it:
-            # Never follow a link: a link under the root may point anywhere.
-            return sorted((d for d in it if d.is_dir(follow_symlinks=False)), key=lambda d: d.name)
-    except OSError:
-        return []
+def max_import_bytes() -> int:
+    """What one import may stage in all: the cache's size cap (nothing bigger could stay), 64 GiB without one."""
+    from . import config
 
-
-def namespaces(root: Path) -> list[str]:
-    return [d.name for d in _subdirs(Path(root) / LAYOUT) if valid_namespace(d.name)]
-
-
-def entry_dirs(root: Path, namespace: Sequence[str] | None = None) -> Iterator[Path]:
-    """Every entry directory under ``root`` (layout ``v1/<ns>/<xx>/<digest>``), sorted.
-
-    Names that do not fit the layout are skipped: nothing we wrote, nothing we would load.
-    """
-    for ns in namespaces(root):
-        if not namespace_matches(ns, namespace):
-            continue
-        for shard in _subdirs(Path(root) / LAYOUT / ns):
-            for d in _subdirs(Path(shard.path)):
-                if _DIGEST.fullmatch(d.name) and d.name[:2] == shard.name:
-                    yield Path(d.path)
-
-
-def entry_files(entry_dir: Path) -> list[Path]:
-    """The regular files of an entry that travel with it (temp files of a writer do not)."""
-    try:
-        with os.scandir(entry_dir) as it:
-            return sorted(
-                (Path(f.path) for f in it if f.is_file(follow_symlinks=False) and _FILE.fullmatch(f.name)),
-                key=lambda p: p.name,
-            )
-    except OSError:
-        return []
-
-
-def entry_bytes(entry_dir: Path) -> int:
-    total = 0
-    for p in entry_files(entry_dir):
-        try:
-            total += p.lstat().st_size
-        except OSError:
-            pass
-    return total
+    cap = config.max_size()
+    return cap if cap > 0 else 64 << 30
 
 
 def check(entry_dir: Path, *, hmac_key: bytes | None = None) -> tuple[dict[str, Any], bytes]:
@@ -148,42 +102,20 @@ def check(entry_dir: Path, *, hmac_key: bytes | None = None) -> tuple[dict[str, 
     return manifest, obj
 
 
-def last_used(entry_dir: Path) -> float:
-    """When an entry was last used: its directory's mtime (``eviction.touch`` bumps it)."""
-    try:
-        return entry_dir.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-def scratch_dir(root: Path, purpose: str) -> Path:
+def scratch_dir(root: Path, purpose: str, *, shared: bool = False) -> Path:
     """A fresh private directory under ``<root>/tmp``, on the same filesystem as the entries."""
     base = Path(root) / TMP_DIR
-    base.mkdir(parents=True, exist_ok=True)
-    if base.is_symlink():
-        raise OSError(errno.ELOOP, f"{base} is a symbolic link; not followed")
+    trust.make_dirs(Path(root), base, shared=shared)
     path = base / f"{purpose}-{socket.gethostname()}-{os.getpid()}-{os.urandom(4).hex()}"
     path.mkdir(mode=0o700)
     return path
 
 
 def remove_tree(root: Path, path: Path) -> None:
-    """Remove an entry or namespace so readers see it vanish at once: rename into ``trash/``, then delete.
-
-    The same way :mod:`.eviction` removes entries: a rename needs no free space on a full disk.
-    """
-    trash = Path(root) / TRASH_DIR
-    dest = trash / f"{path.name}-{os.getpid()}-{os.urandom(3).hex()}"
-    try:
-        trash.mkdir(exist_ok=True)
-        os.rename(path, dest)
-    except FileNotFoundError:
-        return  # removed by someone else
-    except OSError as exc:  # cannot rename (odd filesystem): delete in place
-        log.debug("rename before removal failed (%s); deleting %s in place", exc, path)
-        shutil.rmtree(path, ignore_errors=True)
-        return
-    shutil.rmtree(dest, ignore_errors=True)
+    """Remove an entry or namespace so readers see it vanish at once (see :func:`.eviction.discard`)."""
+    freed = eviction.discard(root, path)
+    if freed:
+        eviction.adjust(root, -freed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -228,12 +160,13 @@ def _entry_bytes_as_checked(d: Path, manifest: dict[str, Any], hmac_key: bytes |
     raw = entry._read_payload(path, path.lstat().st_size)
     if entry.unpack_manifest(raw, hmac_key=hmac_key) != manifest:
         raise entry.EntryError("manifest", "changed during export")
-    out.append((entry.MANIFEST, raw, path.lstat().st_mtime))  # last, as a commit writes it
+    # First: an importer learns every file's name and size before it stages any byte.
+    out.insert(0, (entry.MANIFEST, raw, path.lstat().st_mtime))
     return out
 
 
 def read_checked(entry_dir: Path, *, hmac_key: bytes | None = None) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
-    """A verified entry's manifest and its files' bytes (manifest last), for sending elsewhere.
+    """A verified entry's manifest and its files' bytes (manifest first), for sending elsewhere.
 
     :func:`check`, then every file read again and held to the checked manifest, so only
     checked bytes leave (what :func:`export_bundle` writes; :mod:`.remote` publishes the same).
@@ -383,6 +316,8 @@ def _read_header(tar: tarfile.TarFile, member: tarfile.TarInfo | None) -> dict[s
         header = json.loads(fh.read(_MAX_BUNDLE_MANIFEST_BYTES + 1))
     except ValueError as exc:
         raise BundleError(f"{BUNDLE_MANIFEST} is not JSON: {exc}") from None
+    except RecursionError:
+        raise BundleError(f"{BUNDLE_MANIFEST} is nested too deeply to be a bundle header") from None
     if not isinstance(header, dict) or header.get("format") != BUNDLE_FORMAT:
         raise BundleError(f"{BUNDLE_MANIFEST} does not name format {BUNDLE_FORMAT!r}")
     if header.get("version") != BUNDLE_VERSION:
@@ -392,11 +327,11 @@ def _read_header(tar: tarfile.TarFile, member: tarfile.TarInfo | None) -> dict[s
     return header
 
 
-def _stage_member(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path) -> None:
+def _stage_member(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path, staging: Path, shared: bool) -> None:
     """Copy one member's bytes to a new file (never an existing one, never through a link)."""
     src = tar.extractfile(member)
     assert src is not None
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    trust.make_dirs(staging, dest.parent, shared=shared)  # the entry directory moves into v1/ as made here
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
     try:
         left = member.size
@@ -411,6 +346,57 @@ def _stage_member(tar: tarfile.TarFile, member: tarfile.TarInfo, dest: Path) -> 
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class _Staged:
+    """One entry of a bundle being staged, and what its manifest (when it came first) allows.
+
+    Bundles written by this version carry each entry's manifest before its payloads, so every
+    payload member is held to the name and size the manifest gives before a byte is staged:
+    a member no manifest names, or of another size, refuses the entry unread. Older bundles
+    (manifest last) are held to :data:`MAX_ENTRY_FILES` and :data:`MAX_ENTRY_BYTES`, then checked
+    as a whole. Either way the import as a whole stops at :func:`max_import_bytes`.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.dir = path
+        self.files = 0
+        self.bytes = 0
+        self.expected: dict[str, int] | None = None
+        self.seen: dict[str, int] = {}
+
+    def admit(self, name: str, size: int) -> str | None:
+        """Why the member ``name`` of ``size`` bytes must not be staged, or None."""
+        self.files += 1
+        self.bytes += size
+        if self.files > MAX_ENTRY_FILES:
+            return f"more than {MAX_ENTRY_FILES} files in one entry"
+        if self.bytes > MAX_ENTRY_BYTES:
+            return f"more than {MAX_ENTRY_BYTES} bytes in one entry"
+        if name == entry.MANIFEST:
+            return None
+        if self.expected is not None and self.expected.get(name) != size:
+            return f"member {name} has {size} bytes, its manifest says {self.expected[name]}"
+        self.seen[name] = size
+        return None
+
+    def stowaway(self, name: str) -> bool:
+        """A member the manifest (already read) does not name: skipped unread, never kept."""
+        return self.expected is not None and name != entry.MANIFEST and name not in self.expected
+
+    def read_manifest(self) -> str | None:
+        """The staged manifest's payload list becomes the rule for the members after it."""
+        try:
+            raw = entry._read_regular(self.dir / entry.MANIFEST, 1 << 20)
+            manifest = entry.unpack_manifest(raw)
+            entry._check_types(manifest)
+        except (entry.EntryError, OSError) as exc:
+            return f"manifest: {exc}"
+        self.expected = {item["file"]: item["size"] for items in manifest["payloads"].values() for item in items}
+        for name, size in self.seen.items():  # payloads that came before it (an older bundle)
+            if name in self.expected and self.expected[name] != size:
+                return f"member {name} has {size} bytes, its manifest says {self.expected[name]}"
+        return None
 
 
 def _incomplete_is_stale(entry_dir: Path) -> bool:
@@ -441,7 +427,7 @@ def _merge(root: Path, store: Store, staged: Path, dest: Path, report: ImportRep
             else:
                 report.kept.append(digest)
                 return
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    trust.make_dirs(root, dest.parent, shared=store.trust_shared)
     try:
         os.rename(staged, dest)
     except OSError as exc:
@@ -450,6 +436,7 @@ def _merge(root: Path, store: Store, staged: Path, dest: Path, report: ImportRep
             return
         raise
     entry._fsync_dir(dest.parent)
+    eviction.adjust(root, entry_bytes(dest), 1, shared=store.trust_shared)
     if digest in report.replaced:
         return
     report.imported.append(digest)
@@ -492,12 +479,12 @@ def import_bundle(root: Path, bundle: Path, *, hmac_key: bytes | None = None, tr
         if why is not None:
             raise BundleError(f"refusing to import into {root}: {why} (CUTE_DISKCACHE_TRUST_SHARED=1 overrides)")
     store = Store(root, trust_shared=trust_shared, hmac_key=hmac_key)
-    mode = trust.private_dir_mode(trust_shared)
-    root.mkdir(mode=mode, parents=True, exist_ok=True)
-    (root / LAYOUT).mkdir(mode=mode, exist_ok=True)
-    staging = scratch_dir(root, "import")
-    staged: dict[tuple[str, str], Path] = {}
+    trust.make_dirs(root, root / LAYOUT, shared=trust_shared)
+    staging = scratch_dir(root, "import", shared=trust_shared)
+    staged: dict[tuple[str, str], _Staged] = {}
     broken: dict[tuple[str, str], str] = {}
+    budget = max_import_bytes()
+    total = 0
     try:
         try:
             tar = tarfile.open(bundle, "r|*")
@@ -517,22 +504,39 @@ def import_bundle(root: Path, bundle: Path, *, hmac_key: bytes | None = None, tr
                         report.rejected.append({"member": member.name[:300], "reason": problem or f"second {BUNDLE_MANIFEST}"})
                         continue
                     ns, digest, name = parsed
-                    edir = staging / LAYOUT / ns / digest[:2] / digest
-                    staged[(ns, digest)] = edir
+                    ent = staged.setdefault((ns, digest), _Staged(staging / LAYOUT / ns / digest[:2] / digest))
+                    if (ns, digest) in broken or ent.stowaway(name):
+                        continue  # skipped unread: an entry already refused, a file its manifest does not name
+                    why = ent.admit(name, member.size)
+                    if why is None and total + member.size > budget:
+                        report.rejected.append({"member": member.name[:300], "reason":
+                                                f"the bundle holds more than {budget} bytes (CUTE_DISKCACHE_MAX_SIZE); the rest is not read"})
+                        break
+                    if why is not None:
+                        broken[(ns, digest)] = why
+                        shutil.rmtree(ent.dir, ignore_errors=True)  # give its staged bytes back now
+                        continue
+                    total += member.size
                     try:
-                        _stage_member(tar, member, edir / name)
+                        _stage_member(tar, member, ent.dir / name, staging, trust_shared)
+                        if name == entry.MANIFEST:
+                            why = ent.read_manifest()
                     except FileExistsError:
-                        broken[(ns, digest)] = f"member {name} appears twice"
+                        why = f"member {name} appears twice"
                     except entry.EntryError as exc:
-                        broken[(ns, digest)] = str(exc)
+                        why = str(exc)
+                    if why is not None:
+                        broken[(ns, digest)] = why
+                        shutil.rmtree(ent.dir, ignore_errors=True)
             except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
                 # A damaged stream: what came before it is staged and still gets checked.
                 report.rejected.append({"member": "(stream)", "reason": f"bundle is damaged: {type(exc).__name__}: {exc}"})
-        for (ns, digest), edir in sorted(staged.items()):
+        for (ns, digest), ent in sorted(staged.items()):
             if (ns, digest) in broken:
                 report.bad.append({"digest": digest, "namespace": ns, "reason": broken[(ns, digest)]})
                 continue
-            adopt_staged(root, store, edir, report, hmac_key=hmac_key)
+            if ent.dir.is_dir():
+                adopt_staged(root, store, ent.dir, report, hmac_key=hmac_key)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     for bad in report.bad:

@@ -65,7 +65,7 @@ class CompileCache:
         self.single_flight = single_flight
         self.lock_timeout = lock_timeout
         self.counters = Counters()
-        stats.bind(store.root if store.writable else None)
+        stats.bind(store.root if store.writable else None, shared=store.trust_shared)
         # (site, digest, "hit" | "miss", seconds, persist seconds), in order: what the bench
         # and tests read. seconds is the load (hit) or the compile (miss); persist seconds is
         # the export + write a miss added on top of its compile.
@@ -78,39 +78,48 @@ class CompileCache:
         compile_fn: Callable[[], Any],
         *,
         extra_fn: Callable[[Any], dict[str, Any]] | None = None,
+        extra_ok: Callable[[dict[str, Any]], bool] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """Return ``(kernel, extra)``: loaded from disk when a verified entry exists, else compiled.
 
         ``extra`` is side data a site stores beside its artifact (``extra_fn(kernel)`` computes
-        it after a compile); a hit returns the stored copy. A load that fails after verification
-        (a DSL that cannot read the object) quarantines the entry and compiles: the caller always
-        gets a kernel from one path or the other.
+        it after a compile); a hit returns the stored copy, if ``extra_ok`` accepts it (side data
+        of another shape, e.g. from another writer version, is a miss, never handed on). A load
+        that fails after verification (a DSL that cannot read the object) is a miss too: the
+        caller always gets a kernel from one path or the other.
 
         A miss compiles under the key's single-flight lock when the store can write: once we
         hold it, whoever held it before us has finished, so the store is read again first.
+        Housekeeping that a commit made due runs after the lock is released.
         """
-        hit = self._try_hit(key)
+        hit = self._try_hit(key, extra_ok=extra_ok)
         if hit is not None:
             return hit
         if not self.single_flight:
-            hit = self._try_hit(key, remote=True) if self.remote is not None else None
-            return hit if hit is not None else self._compile_and_commit(key, compile_fn, extra_fn)
-        with self.store.single_flight(key, self.lock_timeout) as flight:
-            if flight.outcome in ("waited", "timeout"):
-                with self._lock:
-                    self.counters.lock_waits += 1
-                    self.counters.lock_wait_seconds += flight.waited_seconds
-            if flight.held:
-                hit = self._try_hit(key)  # the process we waited for (or one just before) committed it
-                if hit is not None:
-                    return hit
-            if self.remote is not None:
-                hit = self._try_hit(key, remote=True)
-                if hit is not None:
-                    return hit
-            return self._compile_and_commit(key, compile_fn, extra_fn)
+            hit = self._try_hit(key, remote=True, extra_ok=extra_ok) if self.remote is not None else None
+            if hit is not None:
+                return hit
+            result = self._compile_and_commit(key, compile_fn, extra_fn)
+        else:
+            with self.store.single_flight(key, self.lock_timeout) as flight:
+                if flight.outcome in ("waited", "timeout"):
+                    with self._lock:
+                        self.counters.lock_waits += 1
+                        self.counters.lock_wait_seconds += flight.waited_seconds
+                if flight.held:
+                    hit = self._try_hit(key, extra_ok=extra_ok)  # the process we waited for (or one just before) committed it
+                    if hit is not None:
+                        return hit
+                if self.remote is not None:
+                    hit = self._try_hit(key, remote=True, extra_ok=extra_ok)
+                    if hit is not None:
+                        return hit
+                result = self._compile_and_commit(key, compile_fn, extra_fn)
+        self.store.maintain()
+        return result
 
-    def _try_hit(self, key: CacheKey, *, remote: bool = False) -> tuple[Any, dict[str, Any]] | None:
+    def _try_hit(self, key: CacheKey, *, remote: bool = False,
+                 extra_ok: Callable[[dict[str, Any]], bool] | None = None) -> tuple[Any, dict[str, Any]] | None:
         """Load ``key``'s verified entry, or None (absent, refused, or the DSL could not load it).
 
         ``remote``: fetch it from the remote tier instead of the store (the fetch verifies and
@@ -126,10 +135,14 @@ class CompileCache:
             found = None
         if found is not None:
             manifest, obj = found
+            extra = manifest["extra"]
+            if extra_ok is not None and not _accepts(extra_ok, extra):
+                self.store.note_refusal(self.store.entry_dir(key), entry.EntryError("extra", "its side data is not of the shape this version stores"))
+                return None
             try:
                 kernel = entry.load(obj, manifest["symbol"], manifest["tvm_ffi"])
-            except Exception as exc:  # the DSL refused an object whose bytes we verified
-                self.store.quarantine(self.store.entry_dir(key), entry.EntryError("load", f"{type(exc).__name__}: {exc}"))
+            except Exception as exc:  # the DSL refused an object whose bytes we verified: not for this process
+                self.store.note_refusal(self.store.entry_dir(key), entry.EntryError("load", f"{type(exc).__name__}: {exc}"))
             else:
                 dt = time.perf_counter() - t0
                 ns = key.env.namespace
@@ -173,16 +186,11 @@ class CompileCache:
         t_persist = time.perf_counter()
         if self.store.can_write():
             try:
-                art = entry.export(kernel, key.digest, seconds, extra, device)
-                manifest = self.store.commit(key, art)
+                manifest = self.store.persist(key, lambda work: entry.export(kernel, key.digest, seconds, extra, device, workdir=work))
                 wrote = manifest is not None
                 if manifest is not None:
                     stats.record(ns, "writes")
                     stats.record(ns, "bytes_written", sum(p["size"] for items in manifest["payloads"].values() for p in items))
-            except OSError as exc:
-                # The exporter writes through a temp file: a full disk, a quota or a file-size
-                # limit fails here first. Same remedy as a refused commit: one warning, stop.
-                self.store.disable_writes(exc)
             except Exception as exc:
                 # Never let persistence break a kernel the caller already has.
                 with self._lock:
@@ -206,6 +214,13 @@ class CompileCache:
         return kernel, extra
 
 
+def _accepts(extra_ok: Callable[[dict[str, Any]], bool], extra: dict[str, Any]) -> bool:
+    try:
+        return bool(extra_ok(extra))
+    except Exception:  # a checker that trips over odd data has answered "no"
+        return False
+
+
 _default: CompileCache | None = None
 _default_lock = threading.Lock()
 
@@ -219,9 +234,16 @@ def default_cache() -> CompileCache:
             store = Store(settings.root, readonly=settings.readonly, trust_shared=settings.trust_shared, hmac_key=settings.hmac_key)
             remote: LazyRemote | None = None
             if settings.remote:
-                from .remote import LazyRemote  # the remote tier itself loads at the first local miss
+                from . import remote as remote_tier  # cheap: the client and its library load at the first local miss
 
-                remote = LazyRemote(settings)
+                why = remote_tier.refusal(settings)
+                if why is not None:
+                    log.warning("cute-diskcache: remote cache %s is off: %s", remote_tier.redact(settings.remote), why)
+                else:
+                    note = remote_tier.unsigned_warning(settings)
+                    if note:
+                        log.warning(note)
+                    remote = remote_tier.LazyRemote(settings)
             _default = CompileCache(store, single_flight=settings.single_flight, lock_timeout=settings.lock_timeout, remote=remote)
         return _default
 

@@ -158,6 +158,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Two fresh processes on one empty cache root: the first compiles, the second loads."""
     from importlib.metadata import version
 
+    from .prewarm import target_refusal
+
+    refusal = target_refusal(args.target)
+    if refusal is not None:
+        raise CliError(refusal)
     root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="cute-diskcache-demo-"))
     say = (lambda *a, **k: None) if args.json else print
     try:
@@ -306,8 +311,10 @@ def collect_stats(root: Path) -> dict[str, Any]:
         rec["entries"], rec["bytes"] = u["entries"], u["bytes"]
         namespaces[ns] = rec
     total = stats.totals(per_ns)
-    total["entries"], total["bytes"] = use["entries"], use["bytes"]
-    return {"namespaces": namespaces, "total": total}
+    # bytes: the entries (the namespaces add up to it); cache_bytes: everything the size cap
+    # counts, i.e. the entries plus what the rest of the root holds (overhead).
+    total["entries"], total["bytes"], total["cache_bytes"] = use["entries"], use["entry_bytes"], use["bytes"]
+    return {"namespaces": namespaces, "total": total, "overhead": use["overhead"]}
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -323,9 +330,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
     t = data["total"]
     lookups = t["hits"] + t["misses"]
     rate = f"  ({100 * t['hits'] / lookups:.1f}% of {lookups:.0f} lookups)" if lookups else ""
-    size = f"{_fmt_size(t['bytes'])} / {_fmt_size(cap) if cap > 0 else 'no limit'}"
+    size = f"{_fmt_size(t['cache_bytes'])} / {_fmt_size(cap) if cap > 0 else 'no limit'}"
     if cap > 0:
-        size += f"  ({100 * t['bytes'] / cap:.1f}%)"
+        size += f"  ({100 * t['cache_bytes'] / cap:.1f}%)"
+    o = data["overhead"]
+    held = (f"entries {_fmt_size(t['bytes'])}; quarantine {o['quarantine']['items']} ({_fmt_size(o['quarantine']['bytes'])}), "
+            f"staging {o['tmp']['items']} ({_fmt_size(o['tmp']['bytes'])}), trash {o['trash']['items']} ({_fmt_size(o['trash']['bytes'])}), "
+            f"statistics files {o['stats']['items']} ({_fmt_size(o['stats']['bytes'])}), lock files {o['locks']['items']}")
     rows = [
         ("cache root", f"{root}  ({source})"),
         ("hits", f"{t['hits']:.0f}{rate}"),
@@ -336,6 +347,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("quarantined", f"{t['quarantined']:.0f}"),
         ("entries", f"{t['entries']:.0f}"),
         ("cache size", size),
+        ("of which", held),
         ("cleanups", f"{t['evictions']:.0f}  (entries evicted to stay under the size limit)"),
     ]
     rows += _remote_rows(t)
@@ -750,11 +762,35 @@ def current_environment() -> dict[str, Any]:
     return {"dsl": [list(p) for p in dsl_stack()], "machine": platform.machine()}
 
 
-def _installed(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except (importlib.metadata.PackageNotFoundError, ValueError):
+def _installed(package: str) -> set[str] | None:
+    """Versions installed here of what a namespace's ``package`` field names; None: cannot tell.
+
+    The field holds a distribution name (``flashinfer-python``, the adapter's) or an import
+    name (``flashinfer``, ``mykernels``: what ``cached_compile`` records), so both are looked
+    up. A module that is importable without any distribution (a source checkout on the path),
+    or ``__main__``, cannot be compared: such a namespace is never pruned for its package.
+    """
+    if not package or package.startswith("__"):
         return None
+    versions: set[str] = set()
+    try:
+        versions.add(importlib.metadata.version(package))
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        pass
+    for dist in importlib.metadata.packages_distributions().get(package, []):
+        try:
+            versions.add(importlib.metadata.version(dist))
+        except (importlib.metadata.PackageNotFoundError, ValueError):
+            continue
+    if not versions:
+        from importlib.util import find_spec
+
+        try:
+            if find_spec(package) is not None:
+                return None
+        except (ImportError, ValueError):
+            pass
+    return versions
 
 
 def staleness(env: dict[str, Any], manifest_format: int, current: dict[str, Any], arch: str | None) -> str | None:
@@ -770,11 +806,11 @@ def staleness(env: dict[str, Any], manifest_format: int, current: dict[str, Any]
         return f"entry format {manifest_format} (this version writes {FORMAT_VERSION})"
     package = str(env.get("package", ""))
     name, _, version = package.partition("==")
-    installed = _installed(name) if name else None
-    if installed is None:
+    installed = _installed(name)
+    if installed is not None and not installed:
         return f"{name or 'its package'} is not installed"
-    if installed != version:
-        return f"{name} {version} (installed: {installed})"
+    if installed is not None and version not in installed:
+        return f"{name} {version} (installed: {', '.join(sorted(installed))})"
     dsl = [list(p) for p in env.get("dsl", [])]
     if dsl != current["dsl"]:
         theirs, ours = dict(map(tuple, dsl)), dict(map(tuple, current["dsl"]))
@@ -809,6 +845,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     root, _ = _root(args)
     current = current_environment()
     gone_ns: list[dict[str, Any]] = []
+    kept_recent: list[dict[str, Any]] = []
     for ns in bundle.namespaces(root):
         found = _namespace_env(root, ns)
         if found is None:
@@ -818,6 +855,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
             continue
         dirs = list(bundle.entry_dirs(root, [ns]))
         dirs = [d for d in dirs if d.parent.parent.name == ns]
+        used = max((bundle.last_used(d) for d in dirs), default=0.0)
+        if args.recent and used > time.time() - args.recent:
+            # Stale from here, but something used it lately: another venv or host sharing this
+            # root (recency is marked at most hourly). Eviction or --recent 0 takes it later.
+            kept_recent.append({"namespace": ns, "reason": why, "last_used": used})
+            continue
         gone_ns.append({"namespace": ns, "reason": why, "entries": len(dirs), "bytes": sum(bundle.entry_bytes(d) for d in dirs)})
         if not args.dry_run:
             bundle.remove_tree(root, root / "v1" / ns)
@@ -836,6 +879,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
         "dry_run": args.dry_run,
         "current": current,
         "namespaces": gone_ns,
+        "kept_recent": kept_recent,
         "old_entries": old,
         "entries_removed": sum(n["entries"] for n in gone_ns) + len(old),
         "bytes_removed": sum(n["bytes"] for n in gone_ns) + sum(o["bytes"] for o in old),
@@ -848,6 +892,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if gone_ns:
         rows = [(n["namespace"], n["entries"], _fmt_size(n["bytes"]), n["reason"]) for n in gone_ns]
         print(table(("stale namespace", "entries", "size", "why"), rows, right=(1, 2)))
+    for k in kept_recent:
+        print(f"kept {k['namespace']}: {k['reason']}, but used {_fmt_time(k['last_used'])} (within --recent {args.recent_text})")
     if args.older_than is not None:
         print(f"{len(old)} entries unused for longer than {args.older_than_text} ({_fmt_size(sum(o['bytes'] for o in old))})")
     print(f"{verb} {out['entries_removed']} entries ({_fmt_size(out['bytes_removed'])}) from {root}" + (f"; {locks} idle lock files" if locks else ""))
@@ -899,6 +945,14 @@ def _remote_client(*, publishing: bool) -> Any:
         raise CliError("CUTE_DISKCACHE_REMOTE is not set (e.g. redis://cache-host:6379/0)")
     if publishing and settings.remote_readonly:
         raise CliError("CUTE_DISKCACHE_REMOTE_READONLY is set: this node does not publish to the remote")
+    from . import remote
+
+    why = remote.refusal(settings)
+    if why is not None:
+        raise CliError(f"the remote tier is off: {why}")
+    note = remote.unsigned_warning(settings)
+    if note:
+        print(note, file=sys.stderr)
     from .remote.client import RemoteCache
 
     return RemoteCache.from_settings(settings)
@@ -1058,6 +1112,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("prune", cmd_prune, "remove namespaces of another flashinfer, DSL stack, machine (or --arch) and old entries")
     p.add_argument("--arch", help="also remove namespaces built for any other arch (e.g. sm_120a)")
     p.add_argument("--older-than", dest="older_than_text", metavar="AGE", help="also remove entries unused for AGE (30d, 12h, 90m)")
+    p.add_argument("--recent", dest="recent_text", metavar="AGE", default="1d",
+                   help="keep a stale-looking namespace used within AGE: another venv or host may share this root (default 1d; 0: off)")
     p.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
     p = add("evict", cmd_evict, "evict least recently used entries until the cache fits --max-size")
     p.add_argument("--max-size", type=_size_arg, default=None, metavar="SIZE", help="e.g. 2G, 500M, 10GiB (default: CUTE_DISKCACHE_MAX_SIZE)")
@@ -1096,6 +1152,13 @@ def _setup_logging(verbose: int) -> logging.Handler | None:
     return handler
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Refusals of what the user asked for (a target profile that cannot be used): exit 2, one line."""
+    from .targets import ProfileRefused, UnknownProfileError
+
+    return (UnknownProfileError, ProfileRefused)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
@@ -1106,12 +1169,17 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(str(exc))
     elif args.cmd == "prune":
         args.older_than = None
+    if args.cmd == "prune":
+        try:
+            args.recent = parse_duration(args.recent_text)
+        except argparse.ArgumentTypeError as exc:
+            ap.error(str(exc))
     logger = logging.getLogger("cute_diskcache")
     level = logger.level
     handler = _setup_logging(args.verbose)  # undone below: main() also runs inside other programs and tests
     try:
         return int(args.fn(args))
-    except CliError as exc:
+    except (CliError, *_user_errors()) as exc:
         if getattr(args, "json", False):
             _print_json({"error": str(exc)})
         else:

@@ -45,6 +45,9 @@ class Settings:
     remote_prefix: str = "cute-diskcache"
     remote_cooldown: float = 30.0
     native_sites: str = "cute-diskcache"  # who serves flashinfer >= 0.6.18's natively cached sites
+    max_size: int = 5 * 10**9  # bytes; 0 = no cap
+    remote_unsigned: bool = False  # accept remote entries without an HMAC signature (explicit opt-in)
+    target_force: bool = False  # apply a target profile even with a CUDA device visible
 
 
 #: name -> (environment variable, default, meaning). The README's table is made from this.
@@ -98,6 +101,13 @@ SETTINGS_DOC: dict[str, tuple[str, str, str]] = {
         "A local miss fetches, verifies and stores the entry; a compile publishes it in the background. "
         "See 'Sharing a cache across a fleet'.",
     ),
+    "remote_unsigned": (
+        "CUTE_DISKCACHE_REMOTE_UNSIGNED",
+        "0",
+        "The remote tier is off unless CUTE_DISKCACHE_HMAC_KEY is set: whoever can write the remote store could "
+        "otherwise ship native code to every node. 1 accepts unsigned remote entries anyway (one warning per process), "
+        "for a store only trusted writers can reach.",
+    ),
     "remote_readonly": (
         "CUTE_DISKCACHE_REMOTE_READONLY",
         "0",
@@ -118,6 +128,18 @@ SETTINGS_DOC: dict[str, tuple[str, str, str]] = {
         "CUTE_DISKCACHE_REMOTE_COOLDOWN",
         "30",
         "Seconds the remote is left alone after 3 failed calls in a row; then one call probes it.",
+    ),
+    "max_size": (
+        "CUTE_DISKCACHE_MAX_SIZE",
+        "5G",
+        "Size cap (500M, 5G, 2GiB; K/M/G/T decimal, Ki/Mi/Gi/Ti binary, as in ccache; 0 = no cap). Entries, the "
+        "quarantine, staging, trash and statistics all count. Least-recently-used entries go first.",
+    ),
+    "target_force": (
+        "CUTE_DISKCACHE_TARGET_FORCE",
+        "0",
+        "A target profile stands in for torch.cuda's device queries for the whole process, so it is refused (one "
+        "warning; prewarm exits 2) when a CUDA device is visible. 1 applies it anyway.",
     ),
     "native_sites": (
         "CUTE_DISKCACHE_NATIVE_SITES",
@@ -177,6 +199,20 @@ def _native_sites_env() -> str:
     return NATIVE_SITES_CHOICES[0]
 
 
+def max_size() -> int:
+    """``CUTE_DISKCACHE_MAX_SIZE`` in bytes (0: no cap); a value that is not a size keeps 5G, with a warning."""
+    from .eviction import DEFAULT_MAX_SIZE, parse_size
+
+    raw = os.environ.get("CUTE_DISKCACHE_MAX_SIZE", DEFAULT_MAX_SIZE)
+    try:
+        return parse_size(raw)
+    except ValueError:
+        import logging
+
+        logging.getLogger("cute_diskcache").warning("ignoring CUTE_DISKCACHE_MAX_SIZE=%r (not a size); using %s", raw, DEFAULT_MAX_SIZE)
+        return parse_size(DEFAULT_MAX_SIZE)
+
+
 def resolve_root() -> tuple[Path, str]:
     """Return the cache root and which rule chose it (shown by ``cute-diskcache stats``)."""
     explicit = os.environ.get("CUTE_DISKCACHE_DIR")
@@ -212,4 +248,7 @@ def load() -> Settings:
         remote_prefix=os.environ.get("CUTE_DISKCACHE_REMOTE_PREFIX", "").strip().strip("/") or "cute-diskcache",
         remote_cooldown=_float_env("CUTE_DISKCACHE_REMOTE_COOLDOWN", 30.0),
         native_sites=_native_sites_env(),
+        max_size=max_size(),
+        remote_unsigned=env_flag("CUTE_DISKCACHE_REMOTE_UNSIGNED"),
+        target_force=env_flag("CUTE_DISKCACHE_TARGET_FORCE"),
     )

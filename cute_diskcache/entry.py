@@ -20,6 +20,7 @@ import os
 import socket
 import stat
 import struct
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -40,6 +41,12 @@ _ROLES = ("object", "cubin", "mlir")
 #: EntryError("signature", UNSIGNED): no signature where one is required. A miss, never a
 #: quarantine: the rewrite signs the entry (a bad signature is quarantined).
 UNSIGNED = "entry is not signed and CUTE_DISKCACHE_HMAC_KEY is set"
+#: Refusals that mean the entry itself is damaged or inconsistent (its bytes, seal, format, or
+#: a manifest that contradicts its own place and key): quarantined, so the rewrite can go in.
+#: Every other refusal (``host-cpu``, ``device``, ``signature``, ``unreadable``, a ``load`` the
+#: local DSL refused) says the entry does not fit *this* process: a miss here, and the entry
+#: stays for the hosts it fits (on a shared volume, one odd node must not clear everyone's).
+CORRUPT = frozenset({"manifest", "checksum", "truncated", "foreign", "stale", "arch", "link", "untrusted"})
 #: What ``open`` says for a link it was told not to follow (Linux ELOOP, BSDs EMLINK).
 _LINK_ERRNOS = (errno.ELOOP, errno.EMLINK)
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -81,26 +88,33 @@ def export(
     compile_seconds: float,
     extra: dict[str, Any] | None = None,
     device: dict[str, Any] | None = None,
+    *,
+    workdir: Path | None = None,
 ) -> Artifact:
     """Turn a ``cute.compile`` result into bytes with the DSL's own exporters.
 
     ``--enable-tvm-ffi`` compiles export through ``export_to_c`` (an object whose
-    ``__tvm_ffi_<symbol>`` entry ``load_module(..., enable_tvm_ffi=True)`` finds); the others
-    through ``dump_to_object``.
+    ``__tvm_ffi_<symbol>`` entry ``load_module(..., enable_tvm_ffi=True)`` finds), which writes a
+    file: into ``workdir`` (the store's scratch space inside the cache root), so a read-only or
+    full ``/tmp`` (read-only root filesystem pods) does not turn persistence off, and a full
+    cache volume is seen as what it is. The others go through ``dump_to_object``.
     """
     import tempfile
 
     t0 = time.perf_counter()
     symbol = symbol_for(digest)
     tvm_ffi = hasattr(compiled, "__tvm_ffi_object__") or "TVMFFI" in type(compiled).__name__
-    if tvm_ffi:
-        with tempfile.TemporaryDirectory(prefix="cute_diskcache-") as tmp:
+
+    def run() -> bytes:
+        if not tvm_ffi:
+            return bytes(compiled.dump_to_object(symbol))
+        with tempfile.TemporaryDirectory(prefix="export-", dir=workdir) as tmp:
             path = os.path.join(tmp, "kernel.o")
             compiled.export_to_c(path, function_name=symbol)
             with open(path, "rb") as fh:
-                obj = fh.read()
-    else:
-        obj = compiled.dump_to_object(symbol)
+                return fh.read()
+
+    obj = _with_usable_temp(run, workdir)
     ir_module = getattr(compiled, "ir_module", None)
     cubins = cubins_in(obj)
     mlir_text = str(ir_module) if ir_module is not None else None
@@ -115,6 +129,36 @@ def export(
         extra=dict(extra or {}),
         **({"device": dict(device)} if device else {}),
     )
+
+
+_TEMP_LOCK = threading.Lock()
+
+
+def _with_usable_temp(run: Callable[[], bytes], workdir: Path | None) -> bytes:
+    """``run()``; if it fails, once more with the DSL's temporary files in ``workdir`` (the
+    store's scratch inside the cache root).
+
+    The DSL writes the object through ``tempfile`` itself, so a small, full or read-only
+    ``/tmp`` (read-only root filesystem pods, a tiny emptyDir) made every export fail, blamed on
+    the cache root. The redirect is process-wide while it lasts, so it is taken only after a
+    failure (when the default was not usable for this export anyway), under a lock; an export
+    that fails for another reason fails the same way again and raises.
+    """
+    import tempfile
+
+    try:
+        return run()
+    except Exception as exc:
+        if workdir is None:
+            raise
+        log.debug("export failed (%s: %s); again with temporary files under %s", type(exc).__name__, exc, workdir)
+    with _TEMP_LOCK:
+        saved = tempfile.tempdir
+        tempfile.tempdir = str(workdir)
+        try:
+            return run()
+        finally:
+            tempfile.tempdir = saved
 
 
 _EM_CUDA = 190
@@ -250,7 +294,8 @@ def write(entry_dir: Path, key: CacheKey, art: Artifact, *, hmac_key: bytes | No
     the ones named (a file a killed writer or a tamperer left there is replaced), so a rewrite
     always yields an entry that verifies. ``hmac_key`` signs the manifest (see :mod:`.trust`).
     """
-    entry_dir.mkdir(parents=True, exist_ok=True)
+    if not entry_dir.is_dir():  # the store makes every level with its mode (trust.make_dirs) first
+        entry_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
     blobs: list[tuple[str, str, bytes]] = [("object", "o", art.object_bytes)]
     blobs += [("cubin", "cubin", c) for c in art.cubins]
     if art.mlir_text is not None:
@@ -318,13 +363,21 @@ def unpack_manifest(raw: bytes, *, hmac_key: bytes | None = None) -> dict[str, A
     return manifest
 
 
-def _read_regular(path: Path, limit: int) -> bytes:
+def _read_regular(path: Path, limit: int, owner: int | None = None) -> bytes:
     """Up to ``limit + 1`` bytes of a regular file, never through a link (the last component's:
-    the directories above are the store's to check) and never blocking on a FIFO."""
+    the directories above are the store's to check) and never blocking on a FIFO.
+
+    ``owner``: the file must belong to that uid and be writable by nobody else (see
+    :func:`.trust.file_refusal`), else ``EntryError("untrusted")``.
+    """
     fd = os.open(path, _OPEN_FLAGS)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise EntryError("unreadable", f"{path.name} is not a regular file")
+        why = trust.file_refusal(path, st, owner)
+        if why is not None:
+            raise EntryError("untrusted", why)
         chunks: list[bytes] = []
         left = limit + 1
         while left > 0:
@@ -338,11 +391,14 @@ def _read_regular(path: Path, limit: int) -> bytes:
         os.close(fd)
 
 
-def read_manifest(entry_dir: Path, *, hmac_key: bytes | None = None) -> dict[str, Any]:
-    """Parse a manifest with hard limits; anything odd is an :class:`EntryError`, never a crash."""
+def read_manifest(entry_dir: Path, *, hmac_key: bytes | None = None, owner: int | None = None) -> dict[str, Any]:
+    """Parse a manifest with hard limits; anything odd is an :class:`EntryError`, never a crash.
+
+    ``owner``: see :func:`_read_regular` (the store passes its uid unless the root is shared).
+    """
     path = entry_dir / MANIFEST
     try:
-        raw = _read_regular(path, _MAX_MANIFEST_BYTES)
+        raw = _read_regular(path, _MAX_MANIFEST_BYTES, owner)
     except FileNotFoundError:
         raise EntryError("absent", str(path)) from None
     except OSError as exc:
@@ -407,7 +463,7 @@ def _check_types(manifest: dict[str, Any]) -> None:
         raise EntryError("manifest", "exactly one object payload expected")
 
 
-def verify(entry_dir: Path, manifest: dict[str, Any], key: CacheKey | None) -> bytes:
+def verify(entry_dir: Path, manifest: dict[str, Any], key: CacheKey | None, *, owner: int | None = None) -> bytes:
     """Check the manifest against the expected key and every payload against its checksum.
 
     Returns the verified object bytes, so what gets loaded is exactly what was checked.
@@ -438,7 +494,7 @@ def verify(entry_dir: Path, manifest: dict[str, Any], key: CacheKey | None) -> b
     obj: bytes | None = None
     for role, items in manifest["payloads"].items():
         for item in items:
-            data = _read_payload(entry_dir / item["file"], item["size"])
+            data = _read_payload(entry_dir / item["file"], item["size"], owner)
             if _sha(data) != item["sha256"]:
                 raise EntryError("checksum", f"{role} payload {item['file']} does not match its sha256")
             if role == "object":
@@ -447,9 +503,9 @@ def verify(entry_dir: Path, manifest: dict[str, Any], key: CacheKey | None) -> b
     return obj
 
 
-def _read_payload(path: Path, size: int) -> bytes:
+def _read_payload(path: Path, size: int, owner: int | None = None) -> bytes:
     try:
-        data = _read_regular(path, size)
+        data = _read_regular(path, size, owner)
     except FileNotFoundError:
         raise EntryError("truncated", f"payload {path.name} is missing") from None
     except OSError as exc:

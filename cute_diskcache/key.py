@@ -16,6 +16,8 @@ import importlib.metadata
 import math
 import os
 import platform
+import re
+import stat
 import struct
 import sys
 from pathlib import Path
@@ -203,21 +205,90 @@ def current_arch() -> str:
         return f"sm_{major}{minor}{'a' if major >= 9 else ''}"
 
 
+#: Environment reads in Python source: ``os.environ.get("X")``, ``os.environ["X"]``,
+#: ``os.getenv("X")``, ``"X" in os.environ``, and helpers named like ``_env_flag("X")``.
+_ENV_READ = re.compile(
+    rb"""(?:environ(?:\.get|\.setdefault|\.pop)?\s*[\[(]\s*|getenv\(\s*|\b\w*(?i:env)\w*\(\s*)["']([A-Z][A-Z0-9_]{2,})["']"""
+    rb"""|["']([A-Z][A-Z0-9_]{2,})["']\s+(?:not\s+)?in\s+(?:os\.)?environ\b"""
+)
+#: Variables a module may read that never change the code a compile generates: paths and
+#: tools, logging and tracing, caching switches, process placement. Everything else a kernel's
+#: modules read is keyed (a value constant within a process never needs to be in an in-process
+#: key, but a disk cache shared across processes must hold it). ``CUTE_DSL_*`` variables are
+#: keyed by :func:`codegen_env` under their own rules.
+NOT_CODEGEN_ENV = frozenset({
+    # paths, tools, the shell
+    "HOME", "USER", "USERNAME", "PATH", "PATHEXT", "TMPDIR", "TERM", "LIB", "INCLUDE", "CC", "CXX", "MAX_JOBS",
+    "CUDA_HOME", "CUDA_PATH", "CUDA_TOOLKIT_PATH", "GITHUB_OUTPUT",
+    # process placement: which GPU and rank, not what is compiled for it (the device facts are checked apart)
+    "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING", "LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR", "MASTER_PORT",
+    # flashinfer's logging, tracing, download and cache locations
+    "FLASHINFER_WORKSPACE_BASE", "FLASHINFER_WORKSPACE_DIR", "FLASHINFER_CACHE_DIR", "FLASHINFER_LOGLEVEL",
+    "FLASHINFER_LOGDEST", "FLASHINFER_LOG_LEVEL", "FLASHINFER_LOGGING_LEVEL", "FLASHINFER_JIT_VERBOSE",
+    "FLASHINFER_DISABLE_VERSION_CHECK", "FLASHINFER_CUTE_DSL_DISABLE_CACHE", "FLASHINFER_TRACE_DUMP",
+    "FLASHINFER_TRACE_DUMP_DIR", "FLASHINFER_TRACE_APPLY", "FLASHINFER_NO_DOWNLOAD", "FLASHINFER_AUTOTUNE_DIR",
+    "SPDLOG_LEVEL", "TLLM_LOG_LEVEL", "TLLM_LOG_FIRST_RANK_ONLY",
+    # our own switches
+    "FLASHINFER_B12X_DISK_CACHE",
+})
+
+
+def env_reads(source: bytes) -> tuple[str, ...]:
+    """Names of the environment variables a module's source reads (sorted, deduplicated)."""
+    return tuple(sorted({(a or b).decode() for a, b in _ENV_READ.findall(source)}))
+
+
 @functools.lru_cache(maxsize=None)
-def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+def _file_facts(path: str, size: int, mtime_ns: int) -> tuple[str, tuple[str, ...]]:
+    """sha256 of a module file's bytes (source, ``.pyc`` or extension module alike) and the
+    environment variables it reads (Python source only). Keyed on the file's stat, so an edited
+    file is read again and an unchanged one costs one ``stat``."""
     with open(path, "rb") as fh:
-        return hashlib.sha256(fh.read()).hexdigest()
+        data = fh.read()
+    return hashlib.sha256(data).hexdigest(), env_reads(data) if path.endswith(".py") else ()
 
 
-def source_fingerprint(root: ModuleType, package: str) -> str:
-    """Hash the source of ``root`` and every module of ``package`` it reaches through globals.
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    return _file_facts(path, size, mtime_ns)[0]
 
-    Content and module names only, never absolute paths: a cache copied to another install
-    prefix (another venv, another container layout) must still hit. Reaching modules through
-    globals follows exactly the code a kernel class pulls in (helpers in other subpackages too)
-    without hashing all of flashinfer. Objects defined in the package root count too; a
-    package's own submodule attributes do not (they are whatever happened to be imported).
+
+def module_code(mod: ModuleType) -> tuple[str, tuple[str, ...], tuple[Any, ...]] | None:
+    """``(digest, environment reads, stamp)`` of one module's code; None for a namespace package.
+
+    The module's file (source, ``.pyc`` alone, or a compiled extension: whatever runs), else
+    the source its loader hands out (zip imports). ``stamp`` changes when the code does (the
+    file's size and mtime): what a caller may compare to reuse a fingerprint. A module with code
+    we cannot read raises :class:`UnkeyableError`: a key must never rest on nothing.
     """
+    name = getattr(mod, "__name__", "?")
+    path = getattr(mod, "__file__", None)
+    if isinstance(path, str):
+        try:
+            st = os.stat(path)
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISREG(st.st_mode):
+            digest, names = _file_facts(path, st.st_size, st.st_mtime_ns)
+            return digest, names, (path, st.st_size, st.st_mtime_ns)
+    loader = getattr(mod, "__loader__", None)
+    get_source = getattr(loader, "get_source", None)
+    if get_source is not None:
+        try:
+            text = get_source(name)
+        except Exception:  # ImportError, OSError: the loader cannot give it
+            text = None
+        if isinstance(text, str):
+            data = text.encode("utf-8", "surrogatepass")
+            digest = hashlib.sha256(data).hexdigest()
+            return digest, env_reads(data), ("source", digest)
+    if path is None and hasattr(mod, "__path__"):
+        return None  # a namespace package has no code of its own
+    raise UnkeyableError(f"module {name} has no source or module file to fingerprint ({path or 'no __file__'})")
+
+
+def reached_modules(root: ModuleType, package: str) -> dict[str, ModuleType]:
+    """``root`` and every module of ``package`` it reaches through globals (see :func:`source_fingerprint`)."""
     seen: dict[str, ModuleType] = {}
     todo = [root]
     while todo:
@@ -239,14 +310,72 @@ def source_fingerprint(root: ModuleType, package: str) -> str:
                 owner_mod = sys.modules.get(owner)
                 if owner_mod is not None:
                     todo.append(owner_mod)
+    return seen
+
+
+@dataclass(frozen=True)
+class SourceFacts:
+    """What the code a kernel comes from contributes to its key."""
+
+    fingerprint: str  # sha256 over module names and their code digests
+    env_reads: tuple[str, ...]  # environment variables that code reads (all, before NOT_CODEGEN_ENV)
+    stamp: tuple[Any, ...]  # per module (name, file, size, mtime): equal stamps mean equal code
+
+
+def source_facts(root: ModuleType, package: str) -> SourceFacts:
+    """Fingerprint ``root``'s code and what it reaches in ``package``; see :func:`source_fingerprint`."""
+    seen = reached_modules(root, package)
     h = hashlib.sha256()
+    names: set[str] = set()
+    stamp = []
     for name in sorted(seen):
-        path = getattr(seen[name], "__file__", None)
-        if not path or not path.endswith(".py"):
+        code = module_code(seen[name])
+        if code is None:
             continue
-        st = os.stat(path)
-        h.update(name.encode() + b"\0" + _file_digest(path, st.st_size, st.st_mtime_ns).encode() + b"\n")
-    return h.hexdigest()
+        digest, reads, mod_stamp = code
+        h.update(name.encode() + b"\0" + digest.encode() + b"\n")
+        names.update(reads)
+        stamp.append((name, *mod_stamp))
+    return SourceFacts(h.hexdigest(), tuple(sorted(names)), tuple(stamp))
+
+
+def source_fingerprint(root: ModuleType, package: str) -> str:
+    """Hash the code of ``root`` and every module of ``package`` it reaches through globals.
+
+    Content and module names only, never absolute paths: a cache copied to another install
+    prefix (another venv, another container layout) must still hit. Reaching modules through
+    globals follows exactly the code a kernel class pulls in (helpers in other subpackages too)
+    without hashing all of flashinfer. Objects defined in the package root count too; a
+    package's own submodule attributes do not (they are whatever happened to be imported).
+    A module is hashed by what runs: its source file, a ``.pyc`` or extension module shipped
+    without source, or the source a zip importer gives; one with none raises
+    :class:`UnkeyableError`.
+    """
+    return source_facts(root, package).fingerprint
+
+
+def code_stamp(stamp: tuple[Any, ...]) -> bool:
+    """Whether every module file in a :class:`SourceFacts` stamp is unchanged (one ``stat`` each).
+
+    Code read through a loader (zip imports) has no cheap stamp: never called unchanged.
+    """
+    for item in stamp:
+        if item[1] == "source":
+            return False
+        _name, path, size, mtime_ns = item
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        if (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
+            return False
+    return True
+
+
+def keyed_env(reads: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables among ``reads`` that are set and may change codegen: part of a key."""
+    environ = os.environ if environ is None else environ
+    return {n: environ[n] for n in sorted(set(reads)) if n in environ and n not in NOT_CODEGEN_ENV and not n.startswith("CUTE_DSL_")}
 
 
 @dataclass(frozen=True)

@@ -365,6 +365,28 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def target_refusal(name: str | None) -> str | None:
+    """Why ``--target NAME`` cannot be used here (one line for exit status 2), or None.
+
+    Checked before anything is planned or compiled: an unknown name or unreadable JSON
+    profile, or a profile on a machine that sees a real CUDA device (see
+    :func:`~.targets.apply`), must not surface as a traceback and exit 1, which a build script
+    would read as "kernels failed".
+    """
+    if not name:
+        return None
+    from . import config, targets
+
+    try:
+        profile = targets.get(name)
+    except targets.UnknownProfileError as exc:
+        return str(exc)
+    if targets.cuda_device_visible() and not config.env_flag("CUTE_DISKCACHE_TARGET_FORCE"):
+        return (f"target profile {profile.name} refused: a CUDA device is visible here; run prewarm without --target to "
+                f"build for this card, or set CUTE_DISKCACHE_TARGET_FORCE=1 to build for {profile.name} anyway")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:
@@ -376,6 +398,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.model:
         print("error: --model is required (try --list-models)", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    refusal = target_refusal(args.target)
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
         return EXIT_UNSUPPORTED
     try:
         shape = models.moe_shape(args.model, tp=args.tp, ep=args.ep)

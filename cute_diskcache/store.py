@@ -1,18 +1,18 @@
 """Storage: where entries live, how they are committed, and what happens when the disk says no.
 
-Layout under the root::
+Layout: see :mod:`.layout`. The store knows nothing of flashinfer or of kernels: it maps a
+:class:`~.key.CacheKey` to a verified entry, or commits a new one. Every filesystem failure
+on the write side turns the store read-only-in-memory for the rest of the process with one
+warning, except two that pass: a directory removed under us (eviction, ``rm -rf``) is retried,
+and a full disk first evicts least recently used entries and retries once. A failure on the
+read side is a miss. Nothing here raises into the caller's compile path.
 
-    v1/<namespace>/<digest[:2]>/<digest>/manifest.msgpack   (+ payloads)
-    quarantine/<time>-<reason>-<digest>/                    (entries that failed a check)
-    locks/<digest[:2]>/<digest>.lock                        (single-flight, see .locking)
+Trust (see :mod:`.trust`): the root is checked at first use (one log line when refused); every
+lookup then checks each level from the root to the entry (owner, mode, links) and every file it
+reads, and every level a commit creates gets an explicit mode.
 
-The store knows nothing of flashinfer or of kernels: it maps a :class:`~.key.CacheKey` to a
-verified entry, or commits a new one. Every filesystem failure on the write side turns the
-store read-only-in-memory for the rest of the process with one warning; a failure on the read
-side is a miss. Nothing here raises into the caller's compile path.
-
-Trust (see :mod:`.trust`) is checked at first use: a root that other users can write is
-refused with one log line and then serves nothing and writes nothing.
+Quarantine is for entries that are damaged (:data:`.entry.CORRUPT`); an entry that is sound
+but not for this process (another CPU, device or signing key) is a miss and stays.
 """
 
 from __future__ import annotations
@@ -25,14 +25,19 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from . import entry, eviction, locking, stats, trust
+from . import entry, eviction, layout, locking, stats, trust
 from .key import CacheKey
+from .layout import LAYOUT
 
 log = logging.getLogger("cute_diskcache")
 
-LAYOUT = "v1"
+__all__ = ["LAYOUT", "Store"]
+
+#: A commit whose directory vanishes under it (eviction, ``rm -rf``) is tried this many times.
+_COMMIT_TRIES = 3
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class Store:
@@ -50,30 +55,31 @@ class Store:
         self.readonly = readonly
         self.trust_shared = trust_shared
         self.hmac_key = hmac_key or None
+        # Whose files and directories we accept: ours alone, unless the operator trusts a group.
+        self.owner: int | None = None if trust_shared else os.geteuid()
         self._write_disabled_reason: str | None = None
         self._refusal: str | None = None  # why the root is not trusted, once checked
         self._trust_checked = False
         self._root_probed = False
-        self._layout_made = False
-        self._links_reported: set[Path] = set()
-        self._unsigned_reported: set[Path] = set()
+        self._reported: set[tuple[str, str]] = set()  # (path, reason) already warned about
         self.rejected = 0  # entries found but refused by a check, this process
         self._lock = threading.Lock()
 
     # -- paths --------------------------------------------------------------------------------
 
     def entry_dir(self, key: CacheKey) -> Path:
-        return self.root / LAYOUT / key.env.namespace / key.digest[:2] / key.digest
+        return layout.entry_dir(self.root, key.env.namespace, key.digest)
 
     @property
     def quarantine_dir(self) -> Path:
-        return self.root / "quarantine"
+        return self.root / layout.QUARANTINE_DIR
 
     @property
     def trusted(self) -> bool:
         """Whether only this user can write the root (or the operator trusts who else can).
 
-        Checked once, at first use; a refusal is logged once, with the reason.
+        Checked once, at first use; a refusal is logged once, with the reason. Each lookup also
+        checks every level down to its entry (:func:`.trust.first_untrusted`).
         """
         if not self._trust_checked:
             self._check_trust()
@@ -125,60 +131,80 @@ class Store:
         return self.writable
 
     def _make_layout(self) -> None:
-        """Create the root and ``v1/`` ourselves, never group/other-writable unless trusted shared."""
-        if self._layout_made:
-            return
-        mode = trust.private_dir_mode(self.trust_shared)
-        self.root.mkdir(mode=mode, parents=True, exist_ok=True)
-        (self.root / LAYOUT).mkdir(mode=mode, exist_ok=True)
-        self._layout_made = True
+        """The root and ``v1/``, with our mode. Every commit asks again (two ``mkdir``s that find
+        the directory there): a root deleted under a running engine is remade private, not with
+        the umask's mode that would make every later process refuse it."""
+        trust.make_dirs(self.root, self.root / LAYOUT, shared=self.trust_shared)
 
-    def _link_in(self, path: Path) -> Path | None:
-        """The first symbolic link between the root and ``path``.
-
-        A link above the entry (namespace or shard directory) is reported and counted once per
-        link; an entry directory that is a link is the caller's to quarantine (which reports it).
-        """
-        link = trust.first_link(self.root, path)
-        if link is not None and link != path and link not in self._links_reported:
-            self._links_reported.add(link)
-            self.rejected += 1
-            log.warning("cute-diskcache refuses %s: a symbolic link inside the cache root is never followed", link)
-        return link
+    def _warn_once(self, path: Path, reason: str, message: str, *args: Any) -> bool:
+        """Log ``message`` once per (path, reason) in this process; True the first time."""
+        with self._lock:
+            first = (str(path), reason) not in self._reported
+            self._reported.add((str(path), reason))
+        if first:
+            log.warning(message, *args)
+        return first
 
     # -- read side ----------------------------------------------------------------------------
 
     def lookup(self, key: CacheKey) -> tuple[dict[str, Any], bytes] | None:
         """A verified (manifest, object bytes) for ``key``, or None.
 
-        A present but bad entry is quarantined (when we may write) and reported as a miss.
+        A damaged entry is quarantined (when we may write); a sound one that does not fit this
+        process (host CPU, device facts, signature) is a miss and stays. A payload that vanishes
+        between reading the manifest and reading the payload is a writer or an eviction at work:
+        read again once, and never quarantine what may by then be someone's fresh entry.
         """
         if not self.trusted:
             return None
         path = self.entry_dir(key)
-        link = self._link_in(path)
-        if link is not None:
-            # The entry itself: moving the link aside is safe and lets the rewrite in. A namespace
-            # or shard directory stays: moving it would move its target's contents.
-            if link == path:
-                self.quarantine(path, entry.EntryError("link", f"{path.name} is a symbolic link"))
+        bad = trust.first_untrusted(self.root, path, owner=self.owner)
+        if bad is not None:
+            where, why = bad
+            if where == path:  # the entry itself (a link, a directory we did not make): set it aside
+                self.quarantine(path, entry.EntryError("link" if os.path.islink(path) else "untrusted", why))
+            elif self._warn_once(where, "path", "cute-diskcache refuses %s: %s; entries under it are misses", where, why):
+                self.rejected += 1
             return None
-        try:
-            manifest = entry.read_manifest(path, hmac_key=self.hmac_key)
-            obj = entry.verify(path, manifest, key)
-        except entry.EntryError as exc:
-            if exc.reason == "signature" and exc.detail == entry.UNSIGNED:
-                if path not in self._unsigned_reported:  # a miss re-reads the store under its lock
-                    self._unsigned_reported.add(path)
-                    self.rejected += 1
-                    log.warning("cache entry %s is not signed (CUTE_DISKCACHE_HMAC_KEY is set); recompiling and signing it", path.name)
-            elif exc.reason != "absent":
-                self.quarantine(path, exc)
-            return None
-        return manifest, obj
+        for attempt in range(2):
+            before = _manifest_stat(path)
+            try:
+                manifest = entry.read_manifest(path, hmac_key=self.hmac_key, owner=self.owner)
+                obj = entry.verify(path, manifest, key, owner=self.owner)
+            except entry.EntryError as exc:
+                if exc.reason == "absent":
+                    return None
+                # A file where the entry's directory should be is as foreign as a bad manifest.
+                corrupt = exc.reason in entry.CORRUPT or (exc.reason == "unreadable" and os.path.lexists(path) and not os.path.isdir(path))
+                if not corrupt:
+                    self.note_refusal(path, exc)
+                    return None
+                if _manifest_stat(path) != before:  # rewritten, evicted or quarantined while we read
+                    if attempt == 0:
+                        continue
+                    return None
+                self.quarantine(path, exc, expect=before)
+                return None
+            return manifest, obj
+        return None
 
-    def quarantine(self, path: Path, exc: entry.EntryError) -> None:
-        """Move a bad entry aside (kept for post-mortems), so the next compile can rewrite it."""
+    def note_refusal(self, path: Path, exc: entry.EntryError) -> None:
+        """A sound entry this process cannot use: a miss, counted and reported once; it stays."""
+        if exc.reason == "signature" and exc.detail == entry.UNSIGNED:
+            message = "cache entry %s is not signed (CUTE_DISKCACHE_HMAC_KEY is set); recompiling and signing it"
+            args: tuple[Any, ...] = (path.name,)
+        else:
+            message = "cache entry %s does not fit this process (%s); compiling here, the entry stays for the hosts it fits"
+            args = (path.name, exc)
+        if self._warn_once(path, exc.reason, message, *args):  # a miss re-reads the store under its lock
+            self.rejected += 1
+
+    def quarantine(self, path: Path, exc: entry.EntryError, *, expect: tuple[int, int, int] | None = None) -> None:
+        """Move a bad entry aside (kept for post-mortems, within bounds), so the next compile can rewrite it.
+
+        ``expect``: the manifest's identity when the entry was judged; if it changed since (a
+        writer replaced it), the path now holds someone else's entry and is left alone.
+        """
         log.warning("cache entry %s rejected (%s); recompiling", path.name, exc)
         self.rejected += 1
         stats.record(path.parent.parent.name, "quarantined")
@@ -186,10 +212,12 @@ class Store:
             return
         dest = self.quarantine_dir / f"{time.strftime('%Y%m%dT%H%M%S')}-{exc.reason}-{path.name}-{os.urandom(3).hex()}"
         try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
+            trust.make_dirs(self.root, self.quarantine_dir, shared=self.trust_shared)
+            if expect is not None and _manifest_stat(path) != expect:
+                return
             os.replace(path, dest)  # a link moves as a link: its target is never touched
         except FileNotFoundError:
-            pass  # another process quarantined it first
+            return  # another process quarantined it first
         except OSError as move_err:
             # Cross-device or permission trouble: deleting still unblocks the rewrite.
             log.debug("quarantine move failed (%s); removing %s", move_err, path)
@@ -198,6 +226,9 @@ class Store:
                     os.unlink(path)
             else:
                 shutil.rmtree(path, ignore_errors=True)
+            return
+        with contextlib.suppress(OSError):
+            eviction.trim_quarantine(self.root)
 
     # -- write side ---------------------------------------------------------------------------
 
@@ -205,25 +236,105 @@ class Store:
         """Persist ``art``; returns its manifest, or None if the disk refused (then warns once)."""
         if not self.can_write():
             return None
-        path = self.entry_dir(key)
         try:
-            self._make_layout()
-            link = self._link_in(path)
-            if link == path:
-                self.quarantine(path, entry.EntryError("link", f"{path.name} is a symbolic link"))
-                link = self._link_in(path)
-            if link is not None:
-                return None  # never write through a link
-            # hmac_key only when set: entry.write's three-argument form stays the plain one.
-            manifest = entry.write(path, key, art, **({"hmac_key": self.hmac_key} if self.hmac_key else {}))
+            return self._commit_retrying(key, art)
         except OSError as exc:
             self.disable_writes(exc)
             return None
+
+    def persist(self, key: CacheKey, make_artifact: Callable[[Path], entry.Artifact]) -> dict[str, Any] | None:
+        """Export and commit: ``make_artifact(workdir)`` builds the artifact in scratch space inside
+        the root (never ``/tmp``), then it is committed. A full disk during either step evicts and
+        retries once. Returns the manifest, or None (the disk refused: one warning, as :meth:`commit`).
+        Exceptions of ``make_artifact`` other than ``OSError`` propagate (the caller counts them).
+        """
+        if not self.can_write():
+            return None
+        for attempt in range(2):
+            try:
+                with self.scratch("export") as work:
+                    art = make_artifact(work)
+                return self._commit_retrying(key, art, full_disk_retry=False)
+            except OSError as exc:
+                if attempt == 0 and exc.errno in _DISK_FULL and self._make_room(key, 0):
+                    continue
+                if exc.errno == errno.ENOENT:  # our scratch or entry vanished under us (rm -rf): a miss, not a broken disk
+                    log.debug("persisting %s: %s", key.digest[:12], exc)
+                    return None
+                self.disable_writes(exc)
+                return None
+        return None
+
+    def _commit_retrying(self, key: CacheKey, art: entry.Artifact, *, full_disk_retry: bool = True) -> dict[str, Any] | None:
+        """Write the entry; raises OSError when the disk refuses. None: never write through a link."""
+        path = self.entry_dir(key)
+        full_tried = not full_disk_retry
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                link = trust.first_link(self.root, path)
+                if link == path:
+                    self.quarantine(path, entry.EntryError("link", f"{path.name} is a symbolic link"))
+                elif link is not None:
+                    if self._warn_once(link, "path", "cute-diskcache refuses %s: a symbolic link inside the cache root is never followed", link):
+                        self.rejected += 1
+                    return None  # never write through a link
+                self._make_layout()
+                trust.make_dirs(self.root, path, shared=self.trust_shared)
+                before = layout.entry_bytes(path)
+                # hmac_key only when set: entry.write's three-argument form stays the plain one.
+                manifest = entry.write(path, key, art, **({"hmac_key": self.hmac_key} if self.hmac_key else {}))
+            except FileNotFoundError:
+                if tries < _COMMIT_TRIES:  # a directory vanished between mkdir and write: make it again
+                    continue
+                raise
+            except OSError as exc:
+                if exc.errno in _DISK_FULL and not full_tried:
+                    full_tried = True
+                    if self._make_room(key, len(art.object_bytes)):
+                        continue
+                raise
+            break
+        added = layout.entry_bytes(path) - before
         try:
-            eviction.enforce(self.root)
+            eviction.note_commit(self.root, added, entry_dir=path, shared=self.trust_shared)
         except OSError as exc:  # a cap we cannot enforce never costs the kernel just written
             log.warning("size cap not enforced: %s", exc)
         return manifest
+
+    def _make_room(self, key: CacheKey, need: int) -> bool:
+        """The disk is full: evict least recently used entries (at least twice what is needed)."""
+        try:
+            freed = eviction.make_room(self.root, max(2 * need, 4 << 20), keep=self.entry_dir(key))
+        except OSError as exc:
+            log.debug("could not make room under %s: %s", self.root, exc)
+            return False
+        return freed > 0
+
+    @contextlib.contextmanager
+    def scratch(self, purpose: str) -> Iterator[Path]:
+        """A fresh private directory under ``<root>/tmp`` (same filesystem as the entries), removed after."""
+        base = self.root / layout.TMP_DIR
+        trust.make_dirs(self.root, base, shared=self.trust_shared)
+        path = base / f"{purpose}-{_host()}-{os.getpid()}-{os.urandom(4).hex()}"
+        path.mkdir(mode=0o700)
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def maintain(self) -> None:
+        """Hourly housekeeping and the daily size reconcile (:func:`.eviction.maintain`), if due.
+
+        The cache calls it after a commit, once the compile lock is released; never raises.
+        """
+        if not self.writable:
+            return
+        try:
+            eviction.maintain(self.root, shared=self.trust_shared)
+        except Exception as exc:  # bookkeeping must never cost a kernel
+            log.debug("maintenance of %s skipped: %s", self.root, exc)
 
     @contextlib.contextmanager
     def single_flight(self, key: CacheKey, timeout: float = locking.DEFAULT_TIMEOUT_S) -> Iterator[locking.Flight]:
@@ -259,3 +370,18 @@ class Store:
             kind,
             exc,
         )
+
+
+def _manifest_stat(entry_dir: Path) -> tuple[int, int, int] | None:
+    """The manifest's identity (inode, size, mtime): a commit replaces it, a removal takes it."""
+    try:
+        st = os.lstat(entry_dir / entry.MANIFEST)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _host() -> str:
+    import socket
+
+    return socket.gethostname()

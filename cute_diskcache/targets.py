@@ -175,17 +175,67 @@ class _Stream:
 _active: DeviceProfile | None = None
 
 
+class ProfileRefused(RuntimeError):
+    """A target profile asked for in a process that sees a real CUDA device."""
+
+
+def _nvml_device_count() -> int | None:
+    """GPUs the NVIDIA driver reports, through NVML (no CUDA context: safe before a fork); None if unknown."""
+    try:
+        import pynvml  # nvidia-ml-py, a flashinfer dependency
+    except Exception:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return 0  # no driver loaded: no NVIDIA device here
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def cuda_device_visible() -> bool:
+    """Whether this process can see a CUDA device (without creating a CUDA context).
+
+    ``CUDA_VISIBLE_DEVICES`` set to nothing (or ``-1``) hides every device; otherwise the
+    driver is asked through NVML, and without NVML the driver's ``/proc`` entries tell.
+    """
+    mask = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if mask is not None and mask.strip() in ("", "-1", "NoDevFiles", "none"):
+        return False
+    count = _nvml_device_count()
+    if count is not None:
+        return count > 0
+    try:
+        return any(os.scandir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return False
+
+
 def active() -> DeviceProfile | None:
     """The profile this process compiles for, if one was applied."""
     return _active
 
 
-def apply(profile: DeviceProfile | str) -> DeviceProfile:
+def apply(profile: DeviceProfile | str, *, force: bool = False) -> DeviceProfile:
     """Make this process compile for ``profile``: set the arch and answer torch's device queries.
 
     Must run before flashinfer is imported (it queries the device at import time). Applying
     a second, different profile is refused: half the kernels would be built for one card and
     half for another.
+
+    A profile replaces ``torch.cuda``'s device queries and ``current_stream`` for the whole
+    process, so with a real CUDA device visible it is refused (:class:`ProfileRefused`): a
+    prewarm image's ``CUTE_DISKCACHE_TARGET`` left in a serving environment would otherwise hand
+    every ``torch.cuda.current_stream()`` of the engine a fake stream. ``force``
+    (``CUTE_DISKCACHE_TARGET_FORCE=1``) applies it anyway, for compiling for another card on a
+    box that has a GPU and serves nothing.
     """
     global _active
     p = get(profile) if isinstance(profile, str) else profile
@@ -193,6 +243,14 @@ def apply(profile: DeviceProfile | str) -> DeviceProfile:
         if _active != p:
             raise RuntimeError(f"target profile {_active.name} already applied; cannot switch to {p.name}")
         return p
+    from .config import env_flag
+
+    if not (force or env_flag("CUTE_DISKCACHE_TARGET_FORCE")) and cuda_device_visible():
+        raise ProfileRefused(
+            f"target profile {p.name} refused: a CUDA device is visible, and a profile would stand in for it in the whole "
+            f"process (torch.cuda's device queries and streams); unset CUTE_DISKCACHE_TARGET to use the real device, "
+            f"or set CUTE_DISKCACHE_TARGET_FORCE=1 to compile for {p.name} on this machine anyway"
+        )
     arch = os.environ.get("CUTE_DSL_ARCH")
     if arch and arch != p.arch:
         raise RuntimeError(f"CUTE_DSL_ARCH={arch} contradicts target profile {p.name} ({p.arch})")

@@ -391,3 +391,127 @@ def test_import_never_follows_a_link_inside_the_root(src: Path, tmp_path: Path) 
     report = bundle.import_bundle(dst, path)
     assert [b["namespace"] for b in report.bad] == [ns] and report.bad[0]["reason"].startswith("link")
     assert len(report.imported) == 3 and list(elsewhere.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------
+# Hostile sizes and shapes (issue 15, items 11 and 12)
+# --------------------------------------------------------------------------------------------
+
+
+class _Zeros(io.RawIOBase):
+    """``size`` zero bytes, streamed: a member that compresses 1000:1 without being held in memory."""
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        n = min(len(b), self.left)
+        b[:n] = bytes(n)
+        self.left -= n
+        return n
+
+
+def _bomb(path: Path, members_: list[tuple[tarfile.TarInfo, bytes | None]], name: str, size: int) -> Path:
+    with tarfile.open(path, "w:gz", compresslevel=1) as tar:
+        for info, data in members_:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+        info = tarfile.TarInfo(name)
+        info.size = size
+        tar.addfile(info, io.BufferedReader(_Zeros(size)))
+    return path
+
+
+def _staged_bytes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Sizes of what import stages, as it stages it."""
+    staged: list[int] = []
+    real = bundle._stage_member
+
+    def counting(tar: Any, member: tarfile.TarInfo, dest: Path, *args: Any) -> None:
+        staged.append(member.size)
+        real(tar, member, dest, *args)
+
+    monkeypatch.setattr(bundle, "_stage_member", counting)
+    return staged
+
+
+def test_export_puts_each_manifest_before_its_payloads(src: Path, tmp_path: Path) -> None:
+    path = tmp_path / "b.tgz"
+    bundle.export_bundle(src, path)
+    seen: dict[str, list[str]] = {}
+    for m, _ in members(path)[1:]:
+        seen.setdefault(m.name.rsplit("/", 1)[0], []).append(m.name.rsplit("/", 1)[1])
+    assert seen and all(files[0] == entry.MANIFEST for files in seen.values())
+
+
+def test_gzip_bomb_member_is_never_staged(src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Old code staged a 204 kB bundle to 210 MB on the serving volume before any check."""
+    valid = _valid_entry_members(src)
+    prefix = valid[0][0].name.rsplit("/", 1)[0]
+    staged = _staged_bytes(monkeypatch)
+    # A payload name its manifest does not list, then one it lists but with another size.
+    path = _bomb(tmp_path / "bomb.tgz", [header(), *valid], f"{prefix}/object-ffffffffffffffff.o", 200 << 20)
+    assert path.stat().st_size < 2 << 20
+    report = bundle.import_bundle(tmp_path / "dst", path)
+    assert report.ok and len(report.imported) == 1, report
+    assert sum(staged) < 64 << 10, staged
+    obj = next(m for m, _ in valid if m.name.split("/")[-1].startswith("object-"))
+    wrong = _bomb(tmp_path / "wrong.tgz", [header(), *[v for v in valid if v[0] is not obj]], obj.name, 200 << 20)
+    staged.clear()
+    report = bundle.import_bundle(tmp_path / "dst2", wrong)
+    assert not report.ok and "its manifest says" in report.bad[0]["reason"] and sum(staged) < 64 << 10
+
+
+def test_entry_with_too_many_files_is_refused_early(src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bundle written the old way (manifest last) is held to per-entry file and byte caps."""
+    valid = _valid_entry_members(src)
+    prefix = valid[0][0].name.rsplit("/", 1)[0]
+    manifest = [v for v in valid if v[0].name.endswith(entry.MANIFEST)]
+    junk = [reg(f"{prefix}/cubin-{i:016x}.cubin", b"\x7fELF" * 16) for i in range(bundle.MAX_ENTRY_FILES + 5)]
+    staged = _staged_bytes(monkeypatch)
+    report = bundle.import_bundle(tmp_path / "dst", write_tar(tmp_path / "many.tgz", [header(), *junk, *manifest]))
+    assert not report.ok and f"more than {bundle.MAX_ENTRY_FILES} files" in report.bad[0]["reason"]
+    assert len(staged) <= bundle.MAX_ENTRY_FILES
+
+
+def test_import_stops_at_the_size_cap(src: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "b.tgz"
+    bundle.export_bundle(src, path)
+    total = sum(m.size for m, _ in members(path)[1:])
+    monkeypatch.setenv("CUTE_DISKCACHE_MAX_SIZE", str(total // 2))
+    report = bundle.import_bundle(tmp_path / "dst", path)
+    assert any("more than" in r["reason"] and "CUTE_DISKCACHE_MAX_SIZE" in r["reason"] for r in report.rejected), report.rejected
+    assert 0 < len(report.imported) < 4
+
+
+def test_deeply_nested_bundle_header_is_refused_not_a_recursion_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = b"[" * 100_000 + b"]" * 100_000
+    info = tarfile.TarInfo(bundle.BUNDLE_MANIFEST)
+    info.size = len(raw)
+    path = write_tar(tmp_path / "deep.tgz", [(info, raw)])
+    with pytest.raises(bundle.BundleError, match="nested"):
+        bundle.import_bundle(tmp_path / "dst", path)
+    assert cli.main(["--root", str(tmp_path / "dst"), "import", str(path)]) == 2
+    assert "nested" in capsys.readouterr().err
+
+
+def test_non_ascii_signature_is_a_bad_entry_not_a_crash(src: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """hmac.compare_digest raised TypeError on a str with non-ASCII characters: verify and import crashed."""
+    import msgpack
+
+    d = sorted(bundle.entry_dirs(src))[0]
+    outer = msgpack.unpackb((d / entry.MANIFEST).read_bytes(), raw=False)
+    outer["hmac"] = "\u00e9" * 64
+    (d / entry.MANIFEST).write_bytes(msgpack.packb(outer, use_bin_type=True))
+    monkeypatch.setenv("CUTE_DISKCACHE_HMAC_KEY", "fleet")
+    assert cli.main(["--root", str(src), "verify"]) == 1
+    assert "signature" in capsys.readouterr().out
+    path = tmp_path / "b.tgz"
+    monkeypatch.delenv("CUTE_DISKCACHE_HMAC_KEY")
+    bundle.export_bundle(src, path)
+    monkeypatch.setenv("CUTE_DISKCACHE_HMAC_KEY", "fleet")
+    assert cli.main(["--root", str(tmp_path / "dst"), "import", str(path)]) == 1
+    assert "signature" in capsys.readouterr().out

@@ -144,3 +144,67 @@ def test_uncreatable_root(warm_micro_root: Warm, probe: Probe, tmp_path: Path) -
     _assert_kernel_works(report, warm_micro_root.cold, kernels=2)
     _assert_one_warning(report, "Not a directory")
     assert blocker.read_text() == "not a directory"
+
+
+# --------------------------------------------------------------------------------------------
+# A full disk recovers; an unusable /tmp does not stop persistence (issue 15, item 8)
+# --------------------------------------------------------------------------------------------
+
+
+def test_full_disk_evicts_and_the_commit_lands(
+    warm_micro_root: Warm, probe: Probe, mount_ns: Callable[..., list[str]], tmp_path: Path
+) -> None:
+    """Old code: ENOSPC turned writes off for the process before eviction ran, so a volume the
+    cache itself filled stayed full and nothing was persisted until someone ran ``evict``."""
+    root = tmp_path / "tiny"
+    root.mkdir()
+    listing = tmp_path / "listing.txt"
+    q = shlex.quote
+    # Room for the m=1 entry already there (~310 KB) and the new one's export, not for both entries.
+    setup = (f"mount -t tmpfs -o size=450k,mode=0755 tmpfs {q(str(root))}\n"
+             f"cp -a {q(str(warm_micro_root.root))}/v1 {q(str(root))}/v1\n"
+             f"trap 'find {q(str(root))} -name manifest.msgpack > {q(str(listing))}' EXIT")
+    report = probe(root, 2, prefix=mount_ns(setup, keep_shell=True), extra_env={"CUTE_DISKCACHE_MAX_SIZE": "0"})
+    c = report["counters"]
+    assert report["real_compiles"] == 1 and (c["compiles"], c["writes"], c["errors"]) == (1, 1, 0), report["stderr"]
+    assert "cannot write" not in report["stderr"] and "was full; freed" in report["stderr"], report["stderr"]
+    old_digest = warm_micro_root.cold["events"][0][1]
+    left = listing.read_text().split()
+    assert len(left) == 1 and old_digest not in left[0], left  # the least recently used entry made room
+
+
+_PROBE_WITH_SMALL_TMP = (
+    "import runpy, sys, tempfile, cute_diskcache\n"
+    "cute_diskcache.install(target='rtx-pro-6000')\n"
+    "import flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch\n"
+    "from flashinfer.cute_dsl.utils import current_cuda_stream\n"
+    "current_cuda_stream()  # torch._dynamo's cache dir: made while /tmp still had room\n"
+    "tempfile.tempdir = sys.argv.pop(1)\n"
+    "runpy.run_module('cute_diskcache._probe', run_name='__main__', alter_sys=True)\n"
+)
+
+
+def test_small_tmp_does_not_stop_persistence(
+    warm_micro_root: Warm, compile_hook_dir: Path, mount_ns: Callable[..., list[str]], tmp_path: Path
+) -> None:
+    """The DSL's exporter writes the ~130 KB object through ``tempfile``: with a small (or full,
+    or read-only) temporary directory old code lost every entry, with a warning blaming the
+    cache root. Now the export is staged inside the root."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import child_env
+
+    root, small = tmp_path / "root", tmp_path / "small-tmp"
+    small.mkdir()
+    prefix = mount_ns(f"mount -t tmpfs -o size=64k,mode=0755 tmpfs {shlex.quote(str(small))}")
+    cmd = [*prefix, sys.executable, "-c", _PROBE_WITH_SMALL_TMP, str(small), "--target", "rtx-pro-6000", "--m", "1"]
+    proc = subprocess.run(cmd, env=child_env(root, None, compile_hook_dir), capture_output=True, text=True, timeout=300, cwd=compile_hook_dir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+    assert report["records"][0]["launch_error"] == warm_micro_root.cold["records"][0]["launch_error"]
+    assert report["counters"]["writes"] == 1 and report["counters"]["writable"] is True, proc.stderr
+    assert "cannot write" not in proc.stderr
+    assert [p.parent.name for p in root.glob("v1/*/*/*/manifest.msgpack")] == [warm_micro_root.cold["events"][0][1]]
+    assert not list((root / "tmp").iterdir()), "the scratch space is cleaned up"

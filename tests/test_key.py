@@ -580,3 +580,79 @@ def test_fingerprint_includes_module_names(tmp_path: Path, no_bytecode: None) ->
     files = {k: v.replace(f"{PKG}.deep", f"{PKG}.deeper") for k, v in TINY_PKG.items() if k != "deep.py"}
     files["deeper.py"] = TINY_PKG["deep.py"]
     assert _fingerprint(_write_pkg(tmp_path / "b", files)) != base
+
+
+# --------------------------------------------------------------------------------------------
+# Code without a .py file: hashed by what runs, or refused (issue 15, item 3)
+# --------------------------------------------------------------------------------------------
+
+
+def _pyc_only(base: Path, body: str) -> Path:
+    """A package whose kernel module ships as a .pyc alone (what compiled or stripped installs do)."""
+    import py_compile
+
+    src = _write_pkg(base, {**TINY_PKG, "kernel.py": TINY_PKG["kernel.py"] + body})
+    py_compile.compile(str(src / PKG / "kernel.py"), cfile=str(src / PKG / "kernel.pyc"), doraise=True)
+    (src / PKG / "kernel.py").unlink()
+    return src
+
+
+def test_pyc_only_module_is_fingerprinted_by_its_bytecode(tmp_path: Path, no_bytecode: None) -> None:
+    """Old code hashed nothing for a module without a .py file: two different kernels, one key."""
+    a = _fingerprint(_pyc_only(tmp_path / "a", "X = 1\n"))
+    b = _fingerprint(_pyc_only(tmp_path / "b", "X = 2\n"))
+    assert a != b
+
+
+def test_zip_imported_module_is_fingerprinted_from_its_source(tmp_path: Path, no_bytecode: None) -> None:
+    import zipfile
+
+    def zipped(name: str, body: str) -> Path:
+        src = _write_pkg(tmp_path / name, {**TINY_PKG, "kernel.py": TINY_PKG["kernel.py"] + body})
+        archive = tmp_path / f"{name}.zip"
+        with zipfile.ZipFile(archive, "w") as z:
+            for path in sorted((src / PKG).rglob("*.py")):
+                z.write(path, path.relative_to(src).as_posix())
+        return archive
+
+    prints = []
+    for name, body in (("a", "X = 1\n"), ("b", "X = 2\n")):
+        archive = zipped(name, body)
+        sys.path.insert(0, str(archive))
+        importlib.invalidate_caches()
+        try:
+            kernel = importlib.import_module(f"{PKG}.kernel")
+            assert ".zip" in kernel.__file__
+            prints.append(source_fingerprint(kernel, PKG))  # old code: NotADirectoryError
+        finally:
+            sys.path.remove(str(archive))
+            for mod in [n for n in sys.modules if n == PKG or n.startswith(PKG + ".")]:
+                del sys.modules[mod]
+    assert prints[0] != prints[1]
+
+
+def test_module_with_no_code_to_read_is_unkeyable() -> None:
+    """A module made in memory (a notebook cell's __main__, exec'd code): refuse, never key on nothing."""
+    import types
+
+    mod = types.ModuleType("cdc_in_memory_kernels")
+    exec("def kernel():\n    return 1\n", mod.__dict__)
+    with pytest.raises(UnkeyableError, match="no source or module file"):
+        source_fingerprint(mod, "cdc_in_memory_kernels")
+
+
+def test_environment_reads_are_found_in_source() -> None:
+    source = b"""
+import os
+A = os.environ.get("FLASHINFER_B12X_MICRO_SHARE_INPUT", "0")
+B = os.getenv('MOE_AUTOTUNE')
+C = os.environ["FLASHINFER_B12X_STATIC_COMPACT_CUTOVER_PAIRS"]
+D = _env_int("FLASHINFER_B12X_FORCE_MOE_W4A16", 0)
+if "SOME_SWITCH" in os.environ: pass
+print("NOT_AN_ENV_READ")
+"""
+    assert keymod.env_reads(source) == (
+        "FLASHINFER_B12X_FORCE_MOE_W4A16", "FLASHINFER_B12X_MICRO_SHARE_INPUT", "FLASHINFER_B12X_STATIC_COMPACT_CUTOVER_PAIRS",
+        "MOE_AUTOTUNE", "SOME_SWITCH")
+    env = {"MOE_AUTOTUNE": "1", "LOCAL_RANK": "3", "FLASHINFER_LOGLEVEL": "2", "CUTE_DSL_OPT": "x", "UNSET_ONE": "1"}
+    assert keymod.keyed_env(("MOE_AUTOTUNE", "LOCAL_RANK", "FLASHINFER_LOGLEVEL", "CUTE_DSL_OPT", "NOT_SET"), env) == {"MOE_AUTOTUNE": "1"}

@@ -17,11 +17,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -32,6 +30,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever pytest's import mode
 
 from _helpers import make_artifact, make_key  # noqa: E402
+from _servers import HungServer, free_port  # noqa: E402
 
 from cute_diskcache import bundle, entry  # noqa: E402
 from cute_diskcache.remote import blob  # noqa: E402
@@ -47,12 +46,6 @@ OPT_OUT = "CDC_TEST_NO_REDIS"
 TIMEOUT_S = 0.5
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A private redis-server on loopback for this module, stopped afterwards."""
@@ -63,7 +56,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.fail(f"redis-server is not installed (.ci/run installs it: apt-get install redis-server); {OPT_OUT}=1 skips these tests on purpose")
     import redis
 
-    port = _free_port()
+    port = free_port()
     workdir = tmp_path_factory.mktemp("redis")
     log = open(workdir / "redis.log", "wb")
     proc = subprocess.Popen(
@@ -103,42 +96,24 @@ def redis_db(redis_url: str) -> Iterator[Any]:
     client.close()
 
 
-class HungServer:
-    """Accepts every connection and never answers: a remote whose socket hangs."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(128)
-        self.url = f"redis://127.0.0.1:{self.sock.getsockname()[1]}/0"
-        self.accepted = 0
-        self._held: list[socket.socket] = []
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            self._held.append(conn)
-
-    def close(self) -> None:
-        self.sock.close()
-        for c in self._held:
-            c.close()
-
-
 @pytest.fixture
 def hung() -> Iterator[HungServer]:
     server = HungServer()
+    server.url = f"redis://127.0.0.1:{server.port}/0"  # type: ignore[attr-defined]
     yield server
     server.close()
 
 
 def node_env(url: str, **extra: str) -> dict[str, str]:
-    return {"CUTE_DISKCACHE_REMOTE": url, "CUTE_DISKCACHE_REMOTE_TIMEOUT": str(TIMEOUT_S), **extra}
+    # A signing fleet, as a shared store requires (without a key the remote tier is off: test_remote_unit).
+    return {"CUTE_DISKCACHE_REMOTE": url, "CUTE_DISKCACHE_REMOTE_TIMEOUT": str(TIMEOUT_S), "CUTE_DISKCACHE_HMAC_KEY": "fleet-secret", **extra}
+
+
+def unsigned_node_env(url: str) -> dict[str, str]:
+    """A node that takes unsigned remote entries by explicit opt-in (and says so, once)."""
+    env = node_env(url, CUTE_DISKCACHE_REMOTE_UNSIGNED="1")
+    del env["CUTE_DISKCACHE_HMAC_KEY"]
+    return env
 
 
 def entry_files(root: Path) -> dict[str, bytes]:
@@ -200,7 +175,7 @@ def test_second_node_compiles_nothing(probe: ProbeFn, redis_db: Any, redis_url: 
 
 @pytest.mark.slow
 def test_dead_remote_costs_a_refused_connect(probe: ProbeFn, tmp_path: Path) -> None:
-    url = f"redis://127.0.0.1:{_free_port()}/0"  # nothing listens there
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     t0 = time.perf_counter()
     r = probe(tmp_path / "root", 1, extra_env=node_env(url))
     wall = time.perf_counter() - t0
@@ -229,11 +204,12 @@ def test_hung_remote_adds_at_most_the_timeout(probe: ProbeFn, hung: HungServer, 
 
 @pytest.mark.slow
 def test_local_hit_never_asks_the_remote(probe: ProbeFn, hung: HungServer, micro_copy: Warm) -> None:
-    r = probe(micro_copy.root, 1, extra_env=node_env(hung.url))
+    r = probe(micro_copy.root, 1, extra_env=unsigned_node_env(hung.url))  # the warm root's entries are unsigned
     c = r["counters"]
     assert r["real_compiles"] == 0 and (c["hits"], c["remote_hits"], c["remote_misses"], c["remote_errors"]) == (1, 0, 0, 0)
     assert c["remote_seconds"] == 0 and hung.accepted == 0, "a hit never touches the remote"
-    assert r["stderr"] == ""
+    lines = r["stderr"].splitlines()
+    assert len(lines) == 1 and "accepting unsigned entries" in lines[0], r["stderr"]
 
 
 @pytest.mark.slow
@@ -251,7 +227,7 @@ def test_corrupt_remote_value_is_a_miss_and_gets_replaced(
     bad = msgpack.packb(doc, use_bin_type=True)
     redis_db.set(name, bad)
 
-    r = probe(tmp_path / "root", 1, extra_env=node_env(redis_url))
+    r = probe(tmp_path / "root", 1, extra_env=unsigned_node_env(redis_url))  # the pushed warm entry is unsigned
     c = r["counters"]
     assert r["real_compiles"] == 1 and (c["compiles"], c["writes"], c["remote_hits"], c["remote_errors"]) == (1, 1, 0, 1)
     assert "checksum" in r["stderr"] and "will replace it" in r["stderr"]

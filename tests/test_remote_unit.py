@@ -367,8 +367,45 @@ def test_no_client_code_loads_until_a_local_miss(remote: str | None, tmp_path: P
     env["CUTE_DISKCACHE_DIR"] = str(tmp_path)
     if remote:
         env["CUTE_DISKCACHE_REMOTE"] = remote
+        env["CUTE_DISKCACHE_HMAC_KEY"] = "fleet-secret"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True).stdout
     assert out.strip() == ("LazyRemote []" if remote else "NoneType []")
+
+
+@pytest.mark.parametrize("opt_in", [False, True])
+def test_remote_without_a_signing_key_fails_closed(opt_in: bool, tmp_path: Path) -> None:
+    """Issue 15, item 2: unsigned remote entries were loaded without a word; whoever could SET a
+    key shipped native code to every node. Now the remote stays off (one warning), unless the
+    operator opts in to unsigned entries (then one warning saying so)."""
+    import subprocess
+
+    code = "import cute_diskcache.cache as c; print(type(c.default_cache().remote).__name__)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_DISKCACHE_")}
+    env.update(CUTE_DISKCACHE_DIR=str(tmp_path), CUTE_DISKCACHE_REMOTE=(tmp_path / "shared").as_uri())
+    if opt_in:
+        env["CUTE_DISKCACHE_REMOTE_UNSIGNED"] = "1"
+    proc = subprocess.run([sys.executable, "-c", "import logging; logging.basicConfig(); " + code], env=env,
+                          capture_output=True, text=True, timeout=120, check=True)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    if opt_in:
+        assert proc.stdout.strip() == "LazyRemote" and "accepting unsigned entries" in lines[0]
+    else:
+        assert proc.stdout.strip() == "NoneType" and "CUTE_DISKCACHE_HMAC_KEY is not set" in lines[0]
+        assert "CUTE_DISKCACHE_REMOTE_UNSIGNED=1" in lines[0]
+
+
+def test_unsigned_remote_entry_is_refused_by_a_signing_node(tmp_path: Path, memory_url: str) -> None:
+    """With the key set, a remote value written without it (or by anyone else) is never loaded."""
+    unsigned = RemoteCache(memory_url)
+    src = Store(tmp_path / "src")
+    key = make_key("micro")
+    src.commit(key, make_artifact())
+    unsigned.publish(key, src.entry_dir(key))
+    assert unsigned.flush(10)
+    signing = Store(tmp_path / "node", hmac_key=b"fleet")
+    assert RemoteCache(memory_url, hmac_key=b"fleet").fetch(key, signing) is None
+    assert not list((tmp_path / "node").rglob("manifest.msgpack"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -382,6 +419,9 @@ def test_cli_push_pull_and_stats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     for i, k in enumerate(keys):
         commit(src, k, bytes([i + 1]) * 64)
     monkeypatch.setenv("CUTE_DISKCACHE_REMOTE", (tmp_path / "shared").as_uri())
+    assert cli.main(["--root", str(src), "export", "--to-remote"]) == 2, "no key, no opt-in: the remote tier is off"
+    assert "CUTE_DISKCACHE_HMAC_KEY is not set" in capsys.readouterr().err
+    monkeypatch.setenv("CUTE_DISKCACHE_REMOTE_UNSIGNED", "1")
 
     assert cli.main(["--root", str(src), "export", "--to-remote", "--json"]) == 0
     pushed = json.loads(capsys.readouterr().out)

@@ -99,3 +99,20 @@ def test_static_and_dynamic_round_trip(warm_large_root: Warm, probe: Callable[..
     _assert_warm(warm, cold, hits=2)
     for cold_event, warm_event in zip(cold["events"], warm["events"]):
         print(f"\n{cold_event[0]}: cold compile {cold_event[3]:.2f} s, warm load {warm_event[3] * 1e3:.2f} ms")
+
+
+def test_a_switch_flashinfer_reads_is_keyed(micro_copy: Warm, probe: Callable[..., dict[str, Any]]) -> None:
+    """Issue 15, item 16: the modules moe_dispatch reaches read FLASHINFER_B12X_MICRO_SHARE_INPUT
+    (at import). A value constant in a process needs no place in flashinfer's in-process key, but
+    a disk cache shared across processes must hold it: flipping it is another entry, not a hit."""
+    from cute_diskcache import entry
+
+    root, cold = micro_copy
+    flipped = probe(root, 1, extra_env={"FLASHINFER_B12X_MICRO_SHARE_INPUT": "1"})
+    assert flipped["counters"]["hits"] == 0 and flipped["real_compiles"] == 1, flipped["stderr"]
+    other = flipped["events"][0][1]
+    assert other != cold["events"][0][1]
+    (manifest,) = [entry.read_manifest(p.parent) for p in root.glob(f"v1/*/*/{other}/manifest.msgpack")]
+    assert ["FLASHINFER_B12X_MICRO_SHARE_INPUT", "1"] in manifest["env"]["codegen_env"]
+    again = probe(root, 1)  # unset again: the original entry, a hit
+    assert again["real_compiles"] == 0 and again["events"][0][1] == cold["events"][0][1]

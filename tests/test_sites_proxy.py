@@ -120,3 +120,35 @@ def test_arg_signature_drops_addresses_and_refuses_the_unknown() -> None:
         _common.arg_signature(object())
     with pytest.raises(UnkeyableError):
         _common.options_text(object())  # its repr is an address
+
+
+# --------------------------------------------------------------------------------------------
+# Side data read from disk is checked before it reaches flashinfer (issue 15, item 14)
+# --------------------------------------------------------------------------------------------
+
+
+def test_side_data_of_another_shape_is_a_miss_never_an_exception(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another writer version stored ``block_dim_probe`` as a list: old code raised AttributeError
+    from ``site.deliver`` into flashinfer (it ran outside the try of through_cache)."""
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+    from _helpers import make_artifact
+
+    from cute_diskcache import entry
+    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.flashinfer_sites import v0_7
+    from cute_diskcache.store import Store
+
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_120a")
+    cache = CompileCache(Store(tmp_path / "cache"), single_flight=False)
+    site = _common.Site("json", "compile_direct_micro_kernel", "direct_micro", lambda call: ("k", 1),
+                        deliver=v0_7._deliver_block_dim, extra_ok=v0_7._block_dim_ok)
+    call = _common.Call({"kernel": types.SimpleNamespace(launch_block_dim=512)}, (), {})
+    key = _common.CacheKey(_common.environment("json"), site.name, site.key(call), site.options(call))
+    assert cache.store.commit(key, make_artifact(extra={"block_dim_probe": [512, True]})) is not None
+    monkeypatch.setattr(entry, "load", lambda *a: pytest.fail("side data of another shape must not be loaded"))
+    compiled = object()
+    kernel = _common.through_cache(site, call, lambda: compiled, cache_fn=lambda: cache)
+    assert kernel is compiled and cache.counters.compiles == 1 and cache.store.rejected == 1
+
+    boom = _common.Site("json", "other", "x", lambda call: ("k", 2), deliver=lambda *a: {}["missing"])
+    assert _common.through_cache(boom, call, lambda: compiled, cache_fn=lambda: cache) is compiled

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -303,3 +304,99 @@ def test_concurrent_failing_commits_warn_once(store: Store, art: entry.Artifact,
     assert not store.writable
     warnings = _warnings(caplog)
     assert len(warnings) == 1 and "disk full" in warnings[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Races with removal (issue 15, item 13)
+# --------------------------------------------------------------------------------------------
+
+
+def test_reader_losing_a_payload_to_eviction_never_quarantines_the_fresh_entry(
+    store: Store, key: CacheKey, art: entry.Artifact, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between our manifest read and our payload read, the entry is evicted and a third process
+    commits a fresh one at the same path. Old code quarantined the path: the fresh entry."""
+    assert store.commit(key, art) is not None
+    fresh = make_artifact((b"\x44" * 48,))
+    real = entry._read_payload
+    fired: list[bool] = []
+
+    def racing(path: Path, size: int, owner: int | None = None) -> bytes:
+        if not fired:
+            fired.append(True)
+            d = store.entry_dir(key)
+            shutil.rmtree(d)  # evicted...
+            assert Store(store.root).commit(key, fresh) is not None  # ...and written again by someone else
+        return real(path, size, owner)
+
+    monkeypatch.setattr(entry, "_read_payload", racing)
+    found = store.lookup(key)
+    assert fired and found is not None and found[1] == fresh.object_bytes, "read again: the fresh entry is a hit"
+    assert not store.quarantine_dir.exists() and store.rejected == 0
+
+
+def test_directory_vanishing_mid_commit_does_not_turn_writes_off(
+    store: Store, key: CacheKey, art: entry.Artifact, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """rm -rf (or an eviction of the whole namespace) between mkdir and the write: old code took
+    the ENOENT for a broken disk and stopped writing for the rest of the process."""
+    from cute_diskcache import trust
+
+    real = trust.make_dirs
+    fired: list[bool] = []
+
+    def vanishing(root: Path, path: Path, *, shared: bool) -> None:
+        real(root, path, shared=shared)
+        if not fired and path == store.entry_dir(key):
+            fired.append(True)
+            shutil.rmtree(store.root / "v1")
+
+    monkeypatch.setattr(trust, "make_dirs", vanishing)
+    assert store.commit(key, art) is not None and fired
+    assert store.writable and _warnings(caplog) == []
+    assert store.commit(make_key("micro"), art) is not None
+    assert store.lookup(key) is not None
+
+
+# --------------------------------------------------------------------------------------------
+# Sound but not for this process: a miss that leaves the entry alone (issue 15, item 5)
+# --------------------------------------------------------------------------------------------
+
+
+def _other_cpu(path: Path, manifest: dict[str, Any]) -> None:
+    rewrite_manifest(path, {**manifest, "host_isa": [*manifest["host_isa"], "avx1024_imaginary"]})
+
+
+def _other_device(path: Path, manifest: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from cute_diskcache import devicefacts
+
+    rewrite_manifest(path, {**manifest, "device": {"source": "profile:x", "name": "x", "facts": {"multiprocessor_count": 170}}})
+    monkeypatch.setattr(devicefacts, "mismatch", lambda record: "multiprocessor_count: built against 170, this device has 188")
+
+
+@pytest.mark.parametrize("refusal", ["host-cpu", "device", "load"])
+def test_refused_entry_that_is_sound_is_never_quarantined(
+    store: Store, key: CacheKey, art: entry.Artifact, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, refusal: str
+) -> None:
+    """On a shared volume one odd node (another CPU, another device variant, a DSL that cannot
+    load the object) moved aside every entry it touched; nodes with different CPUs quarantined
+    each other's entries. Now it is a miss for that process and the entry stays."""
+    from cute_diskcache.cache import CompileCache
+
+    manifest = store.commit(key, art)
+    assert manifest is not None
+    path = store.entry_dir(key)
+    if refusal == "host-cpu":
+        _other_cpu(path, manifest)
+    elif refusal == "device":
+        _other_device(path, manifest, monkeypatch)
+    else:
+        monkeypatch.setattr(entry, "load", lambda *a: (_ for _ in ()).throw(RuntimeError("Symbols not found: CuteDSLRT_x")))
+    before = _files(path)
+    cache = CompileCache(store, single_flight=False)
+    monkeypatch.setattr(store, "persist", lambda *a, **k: None)  # the compile's own rewrite is not what this is about
+    kernel, _ = cache.get_or_compile(key, lambda: "compiled here")
+    assert kernel == "compiled here" and cache.counters.compiles == 1
+    assert not store.quarantine_dir.exists() and _files(path) == before, "the entry stays for the hosts it fits"
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1 and "does not fit this process" in warnings[0] and refusal in warnings[0], warnings

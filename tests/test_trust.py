@@ -3,7 +3,8 @@
 Three refusals, each a miss (kernels compile in memory) with one log line saying why:
 a root other users can write or another user owns; a symbolic link anywhere below the root
 (never followed, never written through, its target never moved); with an HMAC key, an entry
-that is unsigned (a miss, rewritten signed) or badly signed (quarantined).
+that is unsigned or badly signed (a miss; the entry stays, and our own compile rewrites it signed:
+another fleet's signature is not damage, so it is never quarantined).
 
 The store-level tests build entries by hand (fast); the last ones run real probes, so the
 refusal is seen the way an operator sees it: one line on a fresh engine's stderr.
@@ -11,12 +12,14 @@ refusal is seen the way an operator sees it: one line on a fresh engine's stderr
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import stat
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import msgpack
 import pytest
@@ -267,16 +270,17 @@ def test_signed_round_trip(tmp_path: Path, key: CacheKey, art: entry.Artifact, c
 
 
 @pytest.mark.parametrize(
-    ("signature", "quarantined"),
+    "signature",
     [
-        pytest.param(None, False, id="hmac-dropped"),
-        pytest.param("kept", True, id="old-hmac-kept"),
-        pytest.param("0" * 64, True, id="forged-hmac"),
-        pytest.param(b"\x00", True, id="hmac-of-wrong-type"),
+        pytest.param(None, id="hmac-dropped"),
+        pytest.param("kept", id="old-hmac-kept"),
+        pytest.param("0" * 64, id="forged-hmac"),
+        pytest.param(b"\x00", id="hmac-of-wrong-type"),
+        pytest.param("\u00e9" * 64, id="hmac-non-ascii"),  # compare_digest raised TypeError on this
     ],
 )
 def test_tampered_body_with_a_recomputed_seal_is_a_miss(
-    tmp_path: Path, key: CacheKey, art: entry.Artifact, caplog: pytest.LogCaptureFixture, signature: Any, quarantined: bool
+    tmp_path: Path, key: CacheKey, art: entry.Artifact, caplog: pytest.LogCaptureFixture, signature: Any
 ) -> None:
     store = Store(tmp_path / "cache", hmac_key=KEY)
     assert store.commit(key, art) is not None
@@ -290,19 +294,22 @@ def test_tampered_body_with_a_recomputed_seal_is_a_miss(
     assert info.value.reason == "signature"
     assert store.lookup(key) is None
     assert store.rejected == 1
-    assert store.quarantine_dir.exists() == quarantined
+    assert not store.quarantine_dir.exists() and (path / entry.MANIFEST).exists(), "a signature is not damage: the entry stays"
     assert len(_warnings(caplog)) == 1 and ("signature" in _warnings(caplog)[0] or "not signed" in _warnings(caplog)[0])
     assert store.commit(key, art) is not None
     found = store.lookup(key)
     assert found is not None and found[0]["extra"] == {}
 
 
-def test_wrong_key_is_quarantined(tmp_path: Path, key: CacheKey, art: entry.Artifact) -> None:
-    Store(tmp_path / "cache", hmac_key=b"someone else's key").commit(key, art)
+def test_another_fleets_entry_is_a_miss_that_stays(tmp_path: Path, key: CacheKey, art: entry.Artifact) -> None:
+    """Signed with another key: not ours to load, not ours to move aside (issue 15, item 5)."""
+    other = Store(tmp_path / "cache", hmac_key=b"someone else's key")
+    other.commit(key, art)
     store = Store(tmp_path / "cache", hmac_key=KEY)
-    assert store.lookup(key) is None
-    [moved] = list(store.quarantine_dir.iterdir())
-    assert "-signature-" in moved.name
+    assert store.lookup(key) is None and store.rejected == 1
+    assert not store.quarantine_dir.exists()
+    assert other.lookup(key) is not None, "the other fleet still hits it"
+    assert store.commit(key, art) is not None and store.lookup(key) is not None  # our compile then replaces it
 
 
 def test_unsigned_entry_is_a_miss_then_rewritten_signed(root: Path, key: CacheKey, art: entry.Artifact, caplog: pytest.LogCaptureFixture) -> None:
@@ -372,4 +379,91 @@ def test_hmac_key_resigns_an_unsigned_cache_then_hits(micro_copy: Warm, probe: P
 
     wrong = probe(root, 1, extra_env={"CUTE_DISKCACHE_HMAC_KEY": "not-the-secret"})
     assert wrong["real_compiles"] == 1 and wrong["counters"]["rejected"] == 1
-    assert "signature" in wrong["stderr"] and len(list((root / "quarantine").iterdir())) == 1
+    assert "signature" in wrong["stderr"] and not (root / "quarantine").exists(), "another key's entry is a miss, not damage"
+
+
+# --------------------------------------------------------------------------------------------
+# Every level below the root (issue 15, item 1)
+# --------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _umask(mask: int) -> Iterator[None]:
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _levels(store: Store, key: CacheKey) -> list[Path]:
+    d = store.entry_dir(key)
+    return [store.root, store.root / "v1", d.parent.parent, d.parent, d]
+
+
+def test_every_level_a_commit_makes_is_private_whatever_the_umask(tmp_path: Path, key: CacheKey, art: entry.Artifact) -> None:
+    """Under umask 002 mkdir(parents=True) made namespace, shard and entry directories 0775: any
+    group member could then swap in a manifest and object (and recompute an unsigned seal)."""
+    store = Store(tmp_path / "cache")
+    with _umask(0o002):
+        assert store.commit(key, art) is not None
+        store.quarantine(store.entry_dir(make_key("static")), entry.EntryError("checksum", "test"))  # makes quarantine/
+    for level in _levels(store, key) + [store.quarantine_dir]:
+        assert stat.S_IMODE(level.stat().st_mode) & 0o022 == 0, f"{level} is {stat.S_IMODE(level.stat().st_mode):04o}"
+    for f in store.entry_dir(key).iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) & 0o022 == 0, f
+
+
+@pytest.mark.parametrize("level", [2, 3, 4], ids=["namespace", "shard", "entry"])
+def test_group_writable_level_is_a_miss_until_a_commit_tightens_it(
+    root: Path, key: CacheKey, art: entry.Artifact, caplog: pytest.LogCaptureFixture, level: int
+) -> None:
+    """A level an older version made 0775 (or a planted one): never read through; ours, so our
+    next commit takes the write bits away and the entry is served again."""
+    store = Store(root)
+    target = _levels(store, key)[level]
+    target.chmod(0o775)
+    assert store.lookup(key) is None
+    assert store.lookup(key) is None
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1 and "writable by group" in warnings[0], warnings
+    assert store.commit(key, art) is not None
+    assert stat.S_IMODE(target.stat().st_mode) == 0o755
+    found = Store(root).lookup(key)
+    assert found is not None and found[1] == art.object_bytes
+
+
+@pytest.mark.parametrize("role", ["manifest", "object"])
+def test_file_others_can_write_is_refused(root: Path, key: CacheKey, art: entry.Artifact, role: str) -> None:
+    store = Store(root)
+    path = store.entry_dir(key)
+    target = path / entry.MANIFEST if role == "manifest" else payload_path(path, entry.read_manifest(path), "object")
+    target.chmod(0o666)
+    assert store.lookup(key) is None
+    [moved] = list(store.quarantine_dir.iterdir())
+    assert "-untrusted-" in moved.name
+    assert store.commit(key, art) is not None and store.lookup(key) is not None
+    assert Store(root, trust_shared=True).lookup(key) is not None, "a trusted shared root accepts group-writable files"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_entry_directory_of_another_user_is_refused(root: Path, key: CacheKey, art: entry.Artifact) -> None:
+    store = Store(root)
+    os.chown(store.entry_dir(key), OTHER_UID, -1)
+    assert store.lookup(key) is None
+    [moved] = list(store.quarantine_dir.iterdir())
+    assert "-untrusted-" in moved.name and moved.stat().st_uid == OTHER_UID
+
+
+def test_root_removed_under_a_running_store_is_remade_private(tmp_path: Path, key: CacheKey, art: entry.Artifact) -> None:
+    """rm -rf <root> under a running engine (the README says it is safe): the next commit made
+    the root and v1/ again with the umask's mode, and every later process refused the root."""
+    store = Store(tmp_path / "cache")
+    assert store.commit(key, art) is not None
+    shutil.rmtree(store.root)
+    with _umask(0o002):
+        assert store.commit(make_key("static"), art) is not None
+    for level in _levels(store, make_key("static")):
+        assert stat.S_IMODE(level.stat().st_mode) & 0o022 == 0, level
+    fresh = Store(tmp_path / "cache")
+    assert fresh.trusted and fresh.lookup(make_key("static")) is not None

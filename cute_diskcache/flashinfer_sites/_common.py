@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any, Callable, Iterator
 
 from ..cache import CompileCache, default_cache
-from ..key import CacheKey, Environment, UnkeyableError, current_arch, source_fingerprint
+from ..key import CacheKey, Environment, UnkeyableError, codegen_env, current_arch, keyed_env, source_facts
 
 log = logging.getLogger("cute_diskcache")
 
@@ -157,15 +157,23 @@ def environment(*module_names: str) -> Environment:
     """The core's Environment for a site: same kind, package, arch and DSL stack as moe_dispatch.
 
     ``sources`` fingerprints every named module (the site's own, and the module that defines
-    the kernel when that is another one), each with the flashinfer modules it reaches.
+    the kernel when that is another one), each with the flashinfer modules it reaches. Every
+    environment variable those modules read (found in their source, not a hand-kept list: a
+    release that adds ``FLASHINFER_B12X_SOMETHING`` is covered the day it ships) is keyed with
+    its value when set, beside the DSL's codegen variables, unless it is one of
+    :data:`~..key.NOT_CODEGEN_ENV`: flashinfer need not put a process-wide switch in its
+    in-process key, but entries shared across processes must carry it.
     """
-    prints = [source_fingerprint(sys.modules[name], "flashinfer") for name in module_names]
+    facts = [source_facts(sys.modules[name], "flashinfer") for name in module_names]
+    prints = [f.fingerprint for f in facts]
     sources = prints[0] if len(prints) == 1 else hashlib.sha256("".join(prints).encode()).hexdigest()
+    switches = {**codegen_env(), **keyed_env(name for f in facts for name in f.env_reads)}
     return Environment(
         kind="flashinfer-moe",
         package=f"flashinfer-python=={flashinfer_version()}",
         sources=sources,
         arch=current_arch(),
+        codegen_env=tuple(sorted(switches.items())),
     )
 
 
@@ -191,8 +199,10 @@ class Site:
     ``key(call)`` returns the site key: the site's own in-process key, plus anything the
     compile depends on that flashinfer leaves out of it. ``extra(kernel, call)`` computes side
     data stored beside the artifact; ``deliver(kernel, extra, call)`` hands that side data to
-    flashinfer on a hit and a miss alike. ``modules(call)`` names the modules whose source the
-    kernel comes from.
+    flashinfer on a hit and a miss alike, and ``extra_ok(extra)`` says whether side data read
+    from disk has the shape ``deliver`` expects (another writer version may have stored another;
+    such an entry is a miss). ``modules(call)`` names the modules whose source the kernel comes
+    from.
     """
 
     module: str
@@ -203,6 +213,7 @@ class Site:
     modules: Callable[[Call], tuple[str, ...]] | None = None
     extra: Callable[[Any, Call], dict[str, Any]] | None = None
     deliver: Callable[[Any, dict[str, Any], Call], None] | None = None
+    extra_ok: Callable[[dict[str, Any]], bool] | None = None
     site_name: str | None = None  # stored in the manifest; default flashinfer.<module>.<kind>
 
     @property
@@ -259,9 +270,12 @@ def through_cache(site: Site, call: Call, compile_fn: Callable[[], Any],
         kernel, extra = planned_kernel, _planned_extra(cache, key)
     else:
         extra_fn = (lambda kernel: site.extra(kernel, call)) if site.extra else None
-        kernel, extra = cache.get_or_compile(key, compile_fn, extra_fn=extra_fn)
+        kernel, extra = cache.get_or_compile(key, compile_fn, extra_fn=extra_fn, extra_ok=site.extra_ok)
     if site.deliver is not None:
-        site.deliver(kernel, extra, call)
+        try:
+            site.deliver(kernel, extra, call)
+        except Exception as exc:  # side data is an optimisation: flashinfer then asks for itself
+            log.error("cute-diskcache: %s side data not delivered (%s: %s)", site.name, type(exc).__name__, exc)
     return kernel
 
 

@@ -130,9 +130,16 @@ def _block_dim_extra(kernel: Any, call: Call) -> dict[str, Any]:
     return {"block_dim_probe": probe_block_dim(kernel, int(call.locals["kernel"].launch_block_dim))}
 
 
+def _block_dim_ok(extra: dict[str, Any]) -> bool:
+    """Side data from disk is what :func:`_block_dim_extra` writes, or the entry is a miss."""
+    probe = extra.get("block_dim_probe")
+    return (isinstance(probe, dict) and isinstance(probe.get("block_dim"), int) and not isinstance(probe.get("block_dim"), bool)
+            and isinstance(probe.get("accepts"), bool))
+
+
 def _deliver_block_dim(kernel: Any, extra: dict[str, Any], call: Call) -> None:
     block_dim = int(call.locals["kernel"].launch_block_dim)
-    stored = extra.get("block_dim_probe") or {}
+    stored = extra.get("block_dim_probe") if _block_dim_ok(extra) else {}
     if stored.get("block_dim") == block_dim and isinstance(stored.get("accepts"), bool):
         accepts = stored["accepts"]
     elif kernel is _common.planned_kernel:
@@ -276,7 +283,7 @@ def _proxy_sites() -> dict[str, list[Site]]:
     """module -> the sites in it that compile through its module-global ``cute``."""
     sites = {
         DIRECT_MICRO: [Site(DIRECT_MICRO, "compile_direct_micro_kernel", "direct_micro", _direct_micro_key,
-                            extra=_block_dim_extra, deliver=_deliver_block_dim)],
+                            extra=_block_dim_extra, deliver=_deliver_block_dim, extra_ok=_block_dim_ok)],
         NVFP4_W4A4: [Site(NVFP4_W4A4, "run_moe_w4a4", "w4a4", _run_moe_key("w4a4"))],
         NVFP4_W4A16: [Site(NVFP4_W4A16, "run_moe_w4a16", "nvfp4_w4a16", _run_moe_key("w4a16"))],
     }

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from ..store import Store
     from .client import RemoteCache
 
-__all__ = ["Backend", "LazyRemote", "RemoteError", "from_url", "redact"]
+__all__ = ["Backend", "LazyRemote", "RemoteError", "from_url", "redact", "refusal", "unsigned_warning"]
 
 
 class RemoteError(Exception):
@@ -71,6 +71,36 @@ def redact(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)[-1]
     user = parts.username or ""
     return parts._replace(netloc=f"{user}:***@{netloc}").geturl()
+
+
+#: Why a remote without a signing key stays off (the local root fails closed the same way).
+UNSIGNED_REFUSAL = (
+    "CUTE_DISKCACHE_HMAC_KEY is not set, and without it whoever can write the remote store could ship native "
+    "code to every node; set the same key on every node (entries are then signed and checked), or "
+    "CUTE_DISKCACHE_REMOTE_UNSIGNED=1 if only trusted writers can reach the store"
+)
+
+
+def refusal(settings: Any) -> str | None:
+    """Why the remote tier must stay off under ``settings`` (None: it may run).
+
+    Fail closed: a remote entry is native code that every node loads, so it must carry the
+    fleet's signature, unless the operator opts in to unsigned entries explicitly
+    (``CUTE_DISKCACHE_REMOTE_UNSIGNED=1``; then :func:`unsigned_warning` says so once).
+    """
+    if not settings.remote:
+        return "CUTE_DISKCACHE_REMOTE is not set"
+    if settings.hmac_key is None and not settings.remote_unsigned:
+        return UNSIGNED_REFUSAL
+    return None
+
+
+def unsigned_warning(settings: Any) -> str | None:
+    """The one warning a process logs when it accepts unsigned remote entries by opt-in."""
+    if settings.remote and settings.hmac_key is None and settings.remote_unsigned:
+        return (f"cute-diskcache: accepting unsigned entries from remote cache {redact(settings.remote)} "
+                "(CUTE_DISKCACHE_REMOTE_UNSIGNED=1): whoever can write it can run code in this process")
+    return None
 
 
 class LazyRemote:

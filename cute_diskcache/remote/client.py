@@ -260,7 +260,7 @@ class RemoteCache:
         base: Path | None = None
         if writable:
             try:
-                base = bundle.scratch_dir(store.root, "remote")
+                base = bundle.scratch_dir(store.root, "remote", shared=store.trust_shared)
             except OSError:
                 writable = False
         if base is None:
@@ -385,7 +385,7 @@ class RemoteCache:
         report = bundle.ImportReport(f"remote {redact(self.url)}")
         entries = self.list_entries(namespaces)
         report.header = {"entries": len(entries), "remote": redact(self.url), "prefix": self.prefix}
-        staging = bundle.scratch_dir(root, "remote-pull")
+        staging = bundle.scratch_dir(root, "remote-pull", shared=store.trust_shared)
         try:
             for name, ns, digest in entries:
                 raw = self._bounded(self._bulk_timeout(), backend.get, name)

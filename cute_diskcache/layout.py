@@ -1,0 +1,122 @@
+"""The root's layout, and the one walk over it that everything else uses.
+
+::
+
+    <root>/v1/<namespace>/<digest[:2]>/<digest>/   one entry: manifest.msgpack + payloads
+    <root>/quarantine/<time>-<reason>-<digest>-<rand>/   entries that failed a check
+    <root>/locks/<digest[:2]>/<digest>.lock         single-flight (see .locking)
+    <root>/stats/                                   per-process counters (see .stats)
+    <root>/tmp/                                     staging: exports, imports, remote fetches
+    <root>/trash/                                   what is being deleted (renamed here first)
+    <root>/usage                                    the size counter (see .eviction)
+
+``stats``, ``list``, ``verify``, eviction and bundles must agree on what an entry is and how
+big it is, so they all walk through here: a directory ``v1/<ns>/<xx>/<digest>`` whose names fit
+the layout, never reached through a link, and its regular files whose names we could have
+written (a writer's ``.tmp.*`` files are not the entry's, but they are counted as its bytes:
+they take the same disk).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Iterator, Sequence
+
+LAYOUT = "v1"
+QUARANTINE_DIR = "quarantine"
+LOCKS_DIR = "locks"
+STATS_DIR = "stats"
+TMP_DIR = "tmp"
+TRASH_DIR = "trash"
+USAGE_FILE = "usage"
+#: Everything ``clear`` removes.
+ROOT_DIRS = (LAYOUT, QUARANTINE_DIR, LOCKS_DIR, STATS_DIR, TRASH_DIR, TMP_DIR)
+
+NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
+DIGEST_RE = re.compile(r"[0-9a-f]{64}")
+FILE_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
+
+
+def entry_dir(root: Path, namespace: str, digest: str) -> Path:
+    return Path(root) / LAYOUT / namespace / digest[:2] / digest
+
+
+def valid_namespace(name: str) -> bool:
+    return bool(NAMESPACE_RE.fullmatch(name)) and name not in (".", "..")
+
+
+def namespace_matches(namespace: str, wanted: Sequence[str] | None) -> bool:
+    """``--namespace`` selection: an exact name or a prefix (namespaces are long)."""
+    return not wanted or any(namespace == w or namespace.startswith(w) for w in wanted)
+
+
+def subdirs(path: Path) -> list[os.DirEntry[str]]:
+    """Directories directly under ``path``, sorted, never through a link; [] if unreadable."""
+    try:
+        with os.scandir(path) as it:
+            return sorted((d for d in it if d.is_dir(follow_symlinks=False)), key=lambda d: d.name)
+    except OSError:
+        return []
+
+
+def namespaces(root: Path) -> list[str]:
+    return [d.name for d in subdirs(Path(root) / LAYOUT) if valid_namespace(d.name)]
+
+
+def entry_dirs(root: Path, namespace: Sequence[str] | None = None) -> Iterator[Path]:
+    """Every entry directory under ``root``, sorted. Names that do not fit the layout are skipped."""
+    for ns in namespaces(root):
+        if not namespace_matches(ns, namespace):
+            continue
+        for shard in subdirs(Path(root) / LAYOUT / ns):
+            for d in subdirs(Path(shard.path)):
+                if DIGEST_RE.fullmatch(d.name) and d.name[:2] == shard.name:
+                    yield Path(d.path)
+
+
+def entry_files(entry_dir: Path) -> list[Path]:
+    """The regular files of an entry that travel with it (a writer's temp files do not)."""
+    try:
+        with os.scandir(entry_dir) as it:
+            return sorted(
+                (Path(f.path) for f in it if f.is_file(follow_symlinks=False) and FILE_RE.fullmatch(f.name)),
+                key=lambda p: p.name,
+            )
+    except OSError:
+        return []
+
+
+def tree_bytes(path: Path) -> tuple[int, int]:
+    """(bytes, files) of every regular file under ``path``, never following a link."""
+    total = files = 0
+    stack = [str(path)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for d in it:
+                    try:
+                        if d.is_dir(follow_symlinks=False):
+                            stack.append(d.path)
+                        elif d.is_file(follow_symlinks=False):
+                            total += d.stat(follow_symlinks=False).st_size
+                            files += 1
+                    except OSError:
+                        continue  # removed under our feet
+        except OSError:
+            continue
+    return total, files
+
+
+def entry_bytes(entry_dir: Path) -> int:
+    """The disk an entry takes: every regular file in its directory, temp files included."""
+    return tree_bytes(entry_dir)[0]
+
+
+def last_used(entry_dir: Path) -> float:
+    """When an entry was last used: its directory's mtime (``eviction.touch`` bumps it)."""
+    try:
+        return entry_dir.stat().st_mtime
+    except OSError:
+        return 0.0
