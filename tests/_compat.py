@@ -9,13 +9,11 @@ the checkout, built once and reused by later runs (pip's cache makes a rebuild c
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 from types import ModuleType
 
 REPO = Path(__file__).resolve().parent.parent
-SCRATCH = Path(os.environ.get("CUTE_DISKCACHE_COMPAT_SCRATCH") or Path.home() / ".cache" / "cute-diskcache" / "compat")
 
 
 def matrix() -> ModuleType:
@@ -28,3 +26,6 @@ def matrix() -> ModuleType:
         sys.modules["compat_matrix"] = module  # dataclasses look their module up by name
         spec.loader.exec_module(module)
     return module
+
+
+SCRATCH: Path = matrix().DEFAULT_SCRATCH
