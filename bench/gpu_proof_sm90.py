@@ -549,6 +549,10 @@ def spawn_child(phase: str, variant: str, cache: Path, *, save: Path | None = No
         if line.startswith(RESULT_PREFIX):
             res = json.loads(line[len(RESULT_PREFIX):])
             res["wall_s"] = round(wall, 3)
+            # The result is printed before the interpreter exits: a loaded shared object's
+            # unload hook (its CUDA module) runs after that; a crash there shows only here.
+            res["exit_code"] = proc.returncode
+            res["stderr_tail"] = proc.stderr[-1500:] if proc.returncode else ""
             return res
     return {"phase": phase, "variant": variant, "error": f"rc={proc.returncode}", "stderr_tail": proc.stderr[-3000:], "stdout_tail": proc.stdout[-1500:]}
 
@@ -875,6 +879,9 @@ def run_all(args: argparse.Namespace) -> int:
                 "warm_load_ms_first": warm.get("load_ms"),
                 "warm_cached_compile_ms_first": round(warm["cached_compile_s"] * 1e3, 3),
                 "warm_hit_ms_p50": warm.get("repeat_hits", {}).get("hit_ms_p50"),
+                "warm_loaded_from": "shared object" if wc.get("shared_loads") else "object",
+                "object_load_ms_p50_same_process": warm.get("repeat_hits", {}).get("dsl_load_ms_p50"),
+                "exit_codes_cold_warm": [cold.get("exit_code"), warm.get("exit_code")],
                 "speedup_compile_over_first_hit": round(cold["compile_s"] * 1e3 / warm["load_ms"], 1) if warm.get("load_ms") else None,
                 "kernel_ms_cold": cold["kernel_ms"],
                 "kernel_ms_warm": warm["kernel_ms"],
@@ -902,7 +909,8 @@ def run_all(args: argparse.Namespace) -> int:
                 copy = work / f"offline-{build_dir.name}-{v}"
                 shutil.copytree(build_dir / "cache", copy)
                 r = spawn_child("warm", v, copy, ref=work / f"out-{v}.bin")
-                per[v] = {k: r.get(k) for k in ("counters", "events", "digest", "load_ms", "compile_s", "bitwise_equal_to_ref", "kernel_ms", "tflops", "error", "stderr_tail")}
+                per[v] = {k: r.get(k) for k in ("counters", "events", "digest", "load_ms", "compile_s", "bitwise_equal_to_ref", "kernel_ms", "tflops", "error",
+                                                "stderr_tail", "exit_code")}
             check["warm_on_offline_cache"][build_dir.name] = per
         check["date_utc"] = result["date_utc"]
         check["device"] = result["device"]

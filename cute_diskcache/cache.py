@@ -37,6 +37,7 @@ class Counters:
     saved_seconds: float = 0.0  # compile seconds recorded in the entries we loaded
     lock_waits: int = 0  # misses that waited for another process compiling the same kernel
     lock_wait_seconds: float = 0.0
+    shared_loads: int = 0  # hits loaded from the linked shared object (the rest: the DSL's object loader)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,6 +72,29 @@ class CompileCache:
         # the export + write a miss added on top of its compile.
         self.events: list[tuple[str, str, str, float, float]] = []
         self._lock = threading.Lock()
+
+    def warm_up(self) -> float:
+        """Do the once-per-process work now, at attach (engine start), not in the first request.
+
+        The root's trust check, this process's statistics file (so a hit never waits on the
+        disk), the host CPU's extensions, the DSL stack, and ``dlopen`` of the DSL runtime. The
+        target arch is NOT resolved here: without ``CUTE_DSL_ARCH`` that asks the CUDA driver,
+        and initialising CUDA in a process that forks workers later breaks CUDA in them.
+        Returns the seconds it took; never raises.
+        """
+        from . import hostcpu, loader
+        from .key import dsl_stack
+
+        t0 = time.perf_counter()
+        try:
+            if self.store.trusted and self.store.writable:
+                stats.ensure_file()
+            hostcpu.isa_extensions()
+            dsl_stack()
+            loader.preload()
+        except Exception as exc:  # only an optimisation: the first lookup does it again
+            log.debug("warm-up skipped: %s", exc)
+        return time.perf_counter() - t0
 
     def get_or_compile(
         self,
@@ -127,21 +151,21 @@ class CompileCache:
         """
         t0 = time.perf_counter()
         try:
-            found = self.remote.fetch(key, self.store) if remote and self.remote is not None else self.store.lookup(key)
+            found = self.remote.fetch(key, self.store) if remote and self.remote is not None else self.store.lookup(key, load=True)
         except Exception as exc:  # a bug of ours must cost a compile, never the caller's kernel
             log.error("cute-diskcache lookup failed unexpectedly (%s: %s); compiling", type(exc).__name__, exc)
             with self._lock:
                 self.counters.errors += 1
             found = None
         if found is not None:
-            manifest, obj = found
+            manifest, data = found
             extra = manifest["extra"]
             if extra_ok is not None and not _accepts(extra_ok, extra):
                 self.store.note_refusal(self.store.entry_dir(key), entry.EntryError("extra", "its side data is not of the shape this version stores"))
                 return None
             try:
-                kernel = entry.load(obj, manifest["symbol"], manifest["tvm_ffi"])
-            except Exception as exc:  # the DSL refused an object whose bytes we verified: not for this process
+                kernel = self._load(key, found)
+            except Exception as exc:  # the DSL refused bytes we verified: not for this process
                 self.store.note_refusal(self.store.entry_dir(key), entry.EntryError("load", f"{type(exc).__name__}: {exc}"))
             else:
                 dt = time.perf_counter() - t0
@@ -160,6 +184,25 @@ class CompileCache:
                 return kernel, dict(manifest["extra"])
         return None
 
+    def _load(self, key: CacheKey, found: Any) -> Any:
+        """The kernel from verified bytes: the shared object when that is what was verified, and
+        if this process cannot load it after all, the object (checked on its own first)."""
+        manifest, data = found
+        role = getattr(found, "role", "object")
+        if role == "shared":
+            try:
+                kernel = entry.load(data, manifest["symbol"], manifest["tvm_ffi"], role="shared")
+                with self._lock:
+                    self.counters.shared_loads += 1
+                return kernel
+            except Exception as exc:  # an unexpected runtime: never the entry's fault
+                log.debug("shared object of %s not loadable here (%s: %s); loading the object", key.digest[:12], type(exc).__name__, exc)
+            found = self.store.lookup(key)
+            if found is None:
+                raise RuntimeError("the entry went away while falling back to its object")
+            manifest, data = found
+        return entry.load(data, manifest["symbol"], manifest["tvm_ffi"])
+
     def _compile_and_commit(
         self,
         key: CacheKey,
@@ -170,7 +213,7 @@ class CompileCache:
         # created with a private mode before the statistics write into it.
         self.store.can_write()
         t0 = time.perf_counter()
-        with devicefacts.recording() as device:
+        with devicefacts.recording() as device, entry.capturing() as objects:
             kernel = compile_fn()
         seconds = time.perf_counter() - t0
         extra = extra_fn(kernel) if extra_fn is not None else {}
@@ -186,7 +229,8 @@ class CompileCache:
         t_persist = time.perf_counter()
         if self.store.can_write():
             try:
-                manifest = self.store.persist(key, lambda work: entry.export(kernel, key.digest, seconds, extra, device, workdir=work))
+                manifest = self.store.persist(
+                    key, lambda work: entry.export(kernel, key.digest, seconds, extra, device, workdir=work, captured=objects))
                 wrote = manifest is not None
                 if manifest is not None:
                     stats.record(ns, "writes")

@@ -30,7 +30,6 @@ import shutil
 import sys
 import tempfile
 import time
-import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -546,7 +545,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     except entry.EntryError as exc:
         raise CliError(f"entry {d.name[:12]} has no readable manifest: {exc}") from None
     if args.mlir:
-        text = zlib.decompress(_checked_payload(d, manifest, "mlir", args.index)).decode()
+        raw = _checked_payload(d, manifest, "mlir", args.index)
+        text = entry.mlir_text(raw, manifest["payloads"]["mlir"][args.index]["file"])
         if args.json:
             _print_json({"digest": d.name, "mlir": text})
         else:

@@ -48,6 +48,7 @@ class Settings:
     max_size: int = 5 * 10**9  # bytes; 0 = no cap
     remote_unsigned: bool = False  # accept remote entries without an HMAC signature (explicit opt-in)
     target_force: bool = False  # apply a target profile even with a CUDA device visible
+    shared_objects: bool = True  # link a shared object at a miss and load it on a hit
 
 
 #: name -> (environment variable, default, meaning). The README's table is made from this.
@@ -140,6 +141,13 @@ SETTINGS_DOC: dict[str, tuple[str, str, str]] = {
         "0",
         "A target profile stands in for torch.cuda's device queries for the whole process, so it is refused (one "
         "warning; prewarm exits 2) when a CUDA device is visible. 1 applies it anyway.",
+    ),
+    "shared_objects": (
+        "CUTE_DISKCACHE_SHARED_OBJECTS",
+        "1",
+        "1: a miss of a tvm-ffi kernel also links its object into a shared object (needs a C compiler, cc or $CC; "
+        "20-80 ms), and a hit loads that (dlopen, ~0.5 ms) instead of the DSL's object loader (~4 ms). 0: the object "
+        "alone, as before (entries with a shared object are still read).",
     ),
     "native_sites": (
         "CUTE_DISKCACHE_NATIVE_SITES",
@@ -251,4 +259,5 @@ def load() -> Settings:
         max_size=max_size(),
         remote_unsigned=env_flag("CUTE_DISKCACHE_REMOTE_UNSIGNED"),
         target_force=env_flag("CUTE_DISKCACHE_TARGET_FORCE"),
+        shared_objects=env_flag("CUTE_DISKCACHE_SHARED_OBJECTS", default=True),
     )

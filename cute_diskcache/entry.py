@@ -6,13 +6,22 @@ sha256 prefix, so two writers racing on one key never overwrite each other's byt
 a manifest already points to, and a reader that found a manifest finds every payload it names.
 
 Payloads:
-  ``object``  the exported object (host launch code + embedded cubin), what gets loaded;
+  ``object``  the exported object (host launch code + embedded cubin), loadable by every DSL
+              process (``load_module``);
+  ``shared``  (tvm-ffi kernels, when the writer could link) the object linked into a shared
+              object exporting only ``__tvm_ffi_<symbol>``: what a hit loads when it can, ~10x
+              faster (see :mod:`.loader`). Only present when there is one, so entries without it
+              stay readable by versions that do not know the role;
   ``cubin``   each embedded cubin on its own, for ``cuobjdump`` and the driver-floor benchmark;
-  ``mlir``    the kernel's MLIR text, zlib-compressed, for ``cute-diskcache show --mlir``.
+  ``mlir``    the kernel's MLIR, zlib-compressed, for ``cute-diskcache show --mlir``: MLIR
+              bytecode (``.mlirbc.zz``; writing it costs ~3 ms where printing the text cost ~30,
+              1.5% of a compile), or text (``.mlir.zz``) from DSLs without a bytecode writer and
+              from earlier versions. :func:`mlir_text` turns either back into text.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import logging
@@ -22,10 +31,11 @@ import stat
 import struct
 import threading
 import time
+import types
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import msgpack
 
@@ -37,7 +47,9 @@ log = logging.getLogger("cute_diskcache")
 MANIFEST = "manifest.msgpack"
 _MAX_MANIFEST_BYTES = 1 << 20
 _MAX_PAYLOAD_BYTES = 1 << 30
-_ROLES = ("object", "cubin", "mlir")
+_ROLES = ("object", "shared", "cubin", "mlir")
+#: Roles every manifest lists (maybe empty); the others only when they hold a payload.
+_ALWAYS = ("object", "cubin", "mlir")
 #: EntryError("signature", UNSIGNED): no signature where one is required. A miss, never a
 #: quarantine: the rewrite signs the entry (a bad signature is quarantined).
 UNSIGNED = "entry is not signed and CUTE_DISKCACHE_HMAC_KEY is set"
@@ -75,6 +87,10 @@ class Artifact:
     extra: dict[str, Any]
     # the device facts the compile read (.devicefacts.recording's record)
     device: dict[str, Any] = field(default_factory=lambda: {"source": "none", "name": "", "facts": {}})
+    # the object linked into a shared object (tvm-ffi kernels, when a toolchain was there)
+    shared_bytes: bytes | None = None
+    # the kernel's MLIR as bytecode (preferred to mlir_text when both are there)
+    mlir_bytecode: bytes | None = None
 
 
 def symbol_for(digest: str) -> str:
@@ -90,34 +106,46 @@ def export(
     device: dict[str, Any] | None = None,
     *,
     workdir: Path | None = None,
+    captured: list[bytes] | None = None,
+    link: bool = True,
 ) -> Artifact:
-    """Turn a ``cute.compile`` result into bytes with the DSL's own exporters.
+    """Turn a ``cute.compile`` result into bytes, and link the fast form when it can.
 
-    ``--enable-tvm-ffi`` compiles export through ``export_to_c`` (an object whose
-    ``__tvm_ffi_<symbol>`` entry ``load_module(..., enable_tvm_ffi=True)`` finds), which writes a
-    file: into ``workdir`` (the store's scratch space inside the cache root), so a read-only or
-    full ``/tmp`` (read-only root filesystem pods) does not turn persistence off, and a full
-    cache volume is seen as what it is. The others go through ``dump_to_object``.
+    A ``--enable-tvm-ffi`` compile already emitted an object for its own JIT load
+    (:func:`capturing` kept it): the same code, data and relocations ``export_to_c`` would
+    produce again by re-running LLVM (measured: persistence then costs 2% of a compile, not 11%).
+    It is used when it is there and exports ``__tvm_ffi_<function name>``; otherwise
+    ``export_to_c`` writes one, into ``workdir`` (the store's scratch space inside the cache root,
+    so a read-only or full ``/tmp`` does not turn persistence off). Other compiles go through
+    ``dump_to_object``. A tvm-ffi object is then linked into a shared object where a toolchain
+    exists (:func:`.loader.link`); a link that fails only leaves the entry without one.
     """
     import tempfile
+
+    from . import loader
 
     t0 = time.perf_counter()
     symbol = symbol_for(digest)
     tvm_ffi = hasattr(compiled, "__tvm_ffi_object__") or "TVMFFI" in type(compiled).__name__
+    obj = _compile_time_object(compiled, captured) if tvm_ffi else None
+    if obj is not None:
+        symbol = str(compiled.function_name)
+    else:
+        def run() -> bytes:
+            if not tvm_ffi:
+                return bytes(compiled.dump_to_object(symbol))
+            with tempfile.TemporaryDirectory(prefix="export-", dir=workdir) as tmp:
+                path = os.path.join(tmp, "kernel.o")
+                compiled.export_to_c(path, function_name=symbol)
+                with open(path, "rb") as fh:
+                    return fh.read()
 
-    def run() -> bytes:
-        if not tvm_ffi:
-            return bytes(compiled.dump_to_object(symbol))
-        with tempfile.TemporaryDirectory(prefix="export-", dir=workdir) as tmp:
-            path = os.path.join(tmp, "kernel.o")
-            compiled.export_to_c(path, function_name=symbol)
-            with open(path, "rb") as fh:
-                return fh.read()
-
-    obj = _with_usable_temp(run, workdir)
+        obj = _with_usable_temp(run, workdir)
+    shared = loader.link(obj, symbol, workdir) if tvm_ffi and link else None
     ir_module = getattr(compiled, "ir_module", None)
     cubins = cubins_in(obj)
-    mlir_text = str(ir_module) if ir_module is not None else None
+    mlir_bytecode = _bytecode(ir_module) if ir_module is not None else None
+    mlir_text = str(ir_module) if ir_module is not None and mlir_bytecode is None else None
     return Artifact(
         object_bytes=obj,
         symbol=symbol,
@@ -127,8 +155,108 @@ def export(
         compile_seconds=compile_seconds,
         export_seconds=time.perf_counter() - t0,
         extra=dict(extra or {}),
+        shared_bytes=shared,
+        mlir_bytecode=mlir_bytecode,
         **({"device": dict(device)} if device else {}),
     )
+
+
+def _bytecode(ir_module: Any) -> bytes | None:
+    """The module as MLIR bytecode, or None where the bindings cannot write it."""
+    import io
+
+    try:
+        buf = io.BytesIO()
+        ir_module.operation.write_bytecode(buf)
+        return buf.getvalue()
+    except Exception as exc:
+        log.debug("no MLIR bytecode (%s); keeping the text", exc)
+        return None
+
+
+def mlir_text(data: bytes, file_name: str) -> str:
+    """The MLIR text of a stored ``mlir`` payload (bytecode is parsed with the DSL's MLIR bindings)."""
+    raw = zlib.decompress(data)
+    if not file_name.endswith(".mlirbc.zz"):
+        return raw.decode()
+    from cutlass._mlir import ir
+
+    ctx = ir.Context()
+    ctx.allow_unregistered_dialects = True
+    return str(ir.Module.parse(raw, ctx))
+
+
+# --------------------------------------------------------------------------------------------
+# The object the compile emitted anyway
+# --------------------------------------------------------------------------------------------
+
+_tap = threading.local()
+_tap_lock = threading.Lock()
+
+
+class _AotTap(types.ModuleType):
+    """Stands in for ``_aot_support`` inside the DSL's tvm-ffi provider only: passes every call
+    through, and while :func:`capturing` is active in this thread keeps what
+    ``export_module_to_bytes`` returned."""
+
+    def __init__(self, real: Any) -> None:
+        super().__init__(getattr(real, "__name__", "_aot_support"))
+        self.__dict__["_cdc_real"] = real
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_cdc_real"], name)
+
+    def export_module_to_bytes(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.__dict__["_cdc_real"].export_module_to_bytes(*args, **kwargs)
+        sink = getattr(_tap, "sink", None)
+        if sink is not None and kwargs.get("format", "o") == "o" and isinstance(out, (bytes, bytearray)):
+            sink.append(bytes(out))
+        return out
+
+
+def _install_tap() -> bool:
+    """Put :class:`_AotTap` into the DSL's tvm-ffi provider (idempotent); False if its layout is unexpected."""
+    try:
+        from cutlass.cutlass_dsl import tvm_ffi_provider as provider
+    except Exception:
+        return False
+    with _tap_lock:
+        current = provider.__dict__.get("_aot_support")
+        if isinstance(current, _AotTap):
+            return True
+        if current is None or not hasattr(current, "export_module_to_bytes"):
+            return False
+        provider._aot_support = _AotTap(current)
+        return True
+
+
+@contextlib.contextmanager
+def capturing() -> Iterator[list[bytes]]:
+    """Keep the objects the DSL emits while the body (one compile) runs in this thread.
+
+    Private DSL API, contained: a DSL without the function (or laid out otherwise) yields an
+    empty list and :func:`export` re-exports as before.
+    """
+    sink: list[bytes] = []
+    if not _install_tap():
+        yield sink
+        return
+    previous = getattr(_tap, "sink", None)
+    _tap.sink = sink
+    try:
+        yield sink
+    finally:
+        _tap.sink = previous
+
+
+def _compile_time_object(compiled: Any, captured: list[bytes] | None) -> bytes | None:
+    """The captured object that holds this compile's ``__tvm_ffi_<function name>``, or None."""
+    name = getattr(compiled, "function_name", None)
+    if not captured or not isinstance(name, str) or not name:
+        return None
+    wanted = b"__tvm_ffi_" + name.encode() + b"\0"
+    found = [obj for obj in captured if wanted in obj and obj.startswith(b"\x7fELF")]
+    return found[-1] if found else None
 
 
 _TEMP_LOCK = threading.Lock()
@@ -297,10 +425,15 @@ def write(entry_dir: Path, key: CacheKey, art: Artifact, *, hmac_key: bytes | No
     if not entry_dir.is_dir():  # the store makes every level with its mode (trust.make_dirs) first
         entry_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
     blobs: list[tuple[str, str, bytes]] = [("object", "o", art.object_bytes)]
+    if art.shared_bytes is not None:
+        blobs.append(("shared", "so", art.shared_bytes))
     blobs += [("cubin", "cubin", c) for c in art.cubins]
-    if art.mlir_text is not None:
+    if art.mlir_bytecode is not None:
+        blobs.append(("mlir", "mlirbc.zz", zlib.compress(art.mlir_bytecode, 1)))
+    elif art.mlir_text is not None:
         blobs.append(("mlir", "mlir.zz", zlib.compress(art.mlir_text.encode(), 6)))
-    payloads: dict[str, list[dict[str, Any]]] = {role: [] for role in _ROLES}
+    payloads: dict[str, list[dict[str, Any]]] = {role: [] for role in _ALWAYS}
+    payloads.update({"shared": []} if art.shared_bytes is not None else {})
     for role, ext, data in blobs:
         digest = _sha(data)
         name = f"{role}-{digest[:16]}.{ext}"
@@ -461,12 +594,17 @@ def _check_types(manifest: dict[str, Any]) -> None:
                 raise EntryError("manifest", f"payload size {item['size']} out of range")
     if len(manifest["payloads"].get("object", [])) != 1:
         raise EntryError("manifest", "exactly one object payload expected")
+    if len(manifest["payloads"].get("shared", [])) > 1:
+        raise EntryError("manifest", "at most one shared payload expected")
 
 
-def verify(entry_dir: Path, manifest: dict[str, Any], key: CacheKey | None, *, owner: int | None = None) -> bytes:
-    """Check the manifest against the expected key and every payload against its checksum.
+def verify(entry_dir: Path, manifest: dict[str, Any], key: CacheKey | None, *, owner: int | None = None,
+           role: str | None = None) -> bytes:
+    """Check the manifest against the expected key, and payloads against their checksums.
 
-    Returns the verified object bytes, so what gets loaded is exactly what was checked.
+    ``role`` None checks every payload (``cute-diskcache verify``, imports) and returns the
+    object; a role checks (and returns) that payload only: a hit hashes what it loads, not the
+    cubin and MLIR it never uses. What gets loaded is exactly what was checked.
     ``key`` None (the CLI's ``verify``) checks internal consistency only.
     """
     if manifest["format"] != FORMAT_VERSION:
@@ -491,16 +629,21 @@ def verify(entry_dir: Path, manifest: dict[str, Any], key: CacheKey | None, *, o
         why = devicefacts.mismatch(manifest["device"])
         if why is not None:
             raise EntryError("device", why)
-    obj: bytes | None = None
-    for role, items in manifest["payloads"].items():
+    wanted = role or "object"
+    if not manifest["payloads"].get(wanted):
+        raise EntryError("absent", f"no {wanted} payload")
+    out: bytes | None = None
+    for kind, items in manifest["payloads"].items():
+        if role is not None and kind != role:
+            continue
         for item in items:
             data = _read_payload(entry_dir / item["file"], item["size"], owner)
             if _sha(data) != item["sha256"]:
-                raise EntryError("checksum", f"{role} payload {item['file']} does not match its sha256")
-            if role == "object":
-                obj = data
-    assert obj is not None  # _check_types guarantees one object payload
-    return obj
+                raise EntryError("checksum", f"{kind} payload {item['file']} does not match its sha256")
+            if kind == wanted:
+                out = data
+    assert out is not None  # _check_types guarantees one object payload; the role was checked above
+    return out
 
 
 def _read_payload(path: Path, size: int, owner: int | None = None) -> bytes:
@@ -518,51 +661,16 @@ def _read_payload(path: Path, size: int, owner: int | None = None) -> bytes:
 
 
 def preload_runtime() -> float:
-    """dlopen the DSL runtime libraries that ``load_module`` needs, once per process.
+    """dlopen the DSL runtime libraries once per process (see :func:`.loader.preload`)."""
+    from . import loader
 
-    The first ``load_module`` in a process pays ~2 ms to dlopen ``libcute_dsl_runtime``;
-    doing it when the adapter attaches (engine start) keeps that off the first request that
-    needs a kernel. Later dlopens of the same path are reference-count bumps. Returns seconds.
-    """
-    import ctypes
-
-    t0 = time.perf_counter()
-    try:
-        from cutlass.cute.runtime import find_runtime_libraries
-
-        for path in find_runtime_libraries(enable_tvm_ffi=True):
-            if os.path.exists(path):
-                ctypes.CDLL(path)
-    except Exception as exc:  # optional optimisation only
-        log.debug("runtime preload skipped: %s", exc)
-    return time.perf_counter() - t0
+    return loader.preload()
 
 
-def load(object_bytes: bytes, symbol: str, tvm_ffi: bool) -> Any:
-    """Load verified object bytes with the DSL's loader and return the callable.
+def load(data: bytes, symbol: str, tvm_ffi: bool, *, role: str = "object") -> Any:
+    """Load verified bytes of ``role`` and return the callable (see :mod:`.loader`)."""
+    from . import loader
 
-    The bytes go through an anonymous in-memory file where the OS has one, so the code that
-    runs is the code whose checksum was verified, not whatever the path holds a moment later.
-    """
-    from cutlass.cute.runtime import load_module
-
-    loader: Callable[[str], Any] = lambda p: load_module(p, enable_tvm_ffi=tvm_ffi)
-    if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("cute_diskcache_obj", 0)
-        try:
-            view = memoryview(object_bytes)
-            while view:
-                view = view[os.write(fd, view):]
-            module = loader(f"/proc/self/fd/{fd}")
-        finally:
-            os.close(fd)
-    else:  # pragma: no cover - non-Linux
-        import tempfile
-
-        with tempfile.NamedTemporaryFile(suffix=".o", delete=False) as tmp:
-            tmp.write(object_bytes)
-        try:
-            module = loader(tmp.name)
-        finally:
-            os.unlink(tmp.name)
-    return getattr(module, symbol)
+    if role == "shared":
+        return loader.load_shared(data, symbol)
+    return loader.load_object(data, symbol, tvm_ffi)

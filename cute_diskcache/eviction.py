@@ -365,7 +365,10 @@ def make_room(root: Path, need: int, *, keep: Path | None = None) -> int:
     """
     freed = sum(discard(root, q) for _u, q in _quarantined(root))
     if freed < need:
-        _gone, got = _remove(root, _entries(root), over=need - freed, limit=None, keep=keep)
+        # Not what was touched in the last minute: those are writes in flight (other threads or
+        # processes filling their entry directories right now) and the kernels just loaded.
+        settled = [e for e in _entries(root) if time.time() - e[0] > _TRASH_GRACE_S]
+        _gone, got = _remove(root, settled, over=need - freed, limit=None, keep=keep)
         freed += got
     if freed:
         adjust(root, -freed)

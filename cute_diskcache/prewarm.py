@@ -110,11 +110,12 @@ def _calls(d: Any, ms: list[int], functional: bool) -> Any:
     yield from fpath.walk(d.run, ms)
 
 
-def plan(shape: Any, ms: list[int], max_num_tokens: int, functional: bool = False) -> dict[str, Kernel]:
+def plan(shape: Any, ms: list[int], max_num_tokens: int, functional: bool = False, progress: Any = None) -> dict[str, Kernel]:
     """Every kernel flashinfer would compile for these m, keyed by digest (this process only).
 
     ``functional``: the keys of the functional path (and the wrapper without CUDA graphs) for
     every workspace size those m can meet, each with the recipe that requests it again.
+    ``progress``: a tqdm-like bar, advanced once per dispatch, told how many kernels so far.
     """
     from . import flashinfer_sites
 
@@ -136,6 +137,9 @@ def plan(shape: Any, ms: list[int], max_num_tokens: int, functional: bool = Fals
                     k.status = "cached"
                 k.ms.append(m)
             before = len(requested)
+            if progress is not None:
+                progress.update(1)
+                progress.set_postfix(kernels=len(kernels), refresh=False)
     return kernels
 
 
@@ -231,11 +235,12 @@ class _Worker:
             pass
 
 
-def compile_missing(kernels: list[Kernel], shape: Any, args: argparse.Namespace, progress: Any) -> None:
-    """Compile ``kernels`` in ``args.jobs`` worker processes, longest first, as workers free up."""
-    todo = sorted(kernels, key=lambda k: -_cost(k.kind))
-    if not todo:
-        return
+WorkerPool = tuple[list[_Worker], "queue.Queue[tuple[_Worker, dict[str, Any] | None]]"]
+
+
+def start_workers(shape: Any, args: argparse.Namespace, n: int) -> WorkerPool:
+    """Start ``n`` compile workers now. prewarm starts them before it plans, so their own start
+    (a Python interpreter importing flashinfer, seconds each) overlaps the planning."""
     cmd = [sys.executable, "-m", "cute_diskcache.prewarm", "--worker", "--worker-shape", json.dumps(shape.as_dict()),
            "--max-num-tokens", str(args.max_num_tokens)]
     if args.functional:
@@ -243,7 +248,22 @@ def compile_missing(kernels: list[Kernel], shape: Any, args: argparse.Namespace,
     if args.target:
         cmd += ["--target", args.target]
     events: queue.Queue[tuple[_Worker, dict[str, Any] | None]] = queue.Queue()
-    workers = [_Worker(cmd, events) for _ in range(min(args.jobs, len(todo)))]
+    return [_Worker(cmd, events) for _ in range(max(1, n))], events
+
+
+def compile_missing(kernels: list[Kernel], shape: Any, args: argparse.Namespace, progress: Any,
+                    pool: WorkerPool | None = None) -> None:
+    """Compile ``kernels`` in ``args.jobs`` worker processes, longest first, as workers free up.
+
+    ``pool``: workers started earlier (:func:`start_workers`); those beyond what is needed are
+    closed at once.
+    """
+    todo = sorted(kernels, key=lambda k: -_cost(k.kind))
+    workers, events = pool if pool is not None else start_workers(shape, args, min(args.jobs, len(todo)))
+    closed: set[int] = set()
+    for w in workers[len(todo):]:  # more started than there is work for (all of them when nothing is missing)
+        w.close()
+        closed.add(id(w))
     alive = len(workers)
     from . import entry
     from .cache import default_cache
@@ -253,6 +273,8 @@ def compile_missing(kernels: list[Kernel], shape: Any, args: argparse.Namespace,
     compiled_here: dict[str, float] = {}
     while alive:
         w, msg = events.get()
+        if id(w) in closed and msg is not None:
+            continue  # a worker we let go: only its exit counts
         if msg is None:  # the worker died; what it held failed
             alive -= 1
             if w.current is not None and w.current.status == "planned":
@@ -290,8 +312,19 @@ def compile_missing(kernels: list[Kernel], shape: Any, args: argparse.Namespace,
             progress.update(1)
         if todo:
             w.send(todo.pop(0))
-        else:
+        elif id(w) not in closed:
             w.close()
+            closed.add(id(w))
+
+
+def _stop(pool: WorkerPool | None) -> None:
+    """Let early-started workers go (planning refused or found nothing to compile)."""
+    for w in pool[0] if pool is not None else []:
+        w.close()
+        try:
+            w.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            w.proc.kill()
 
 
 # --------------------------------------------------------------------------------------------
@@ -424,23 +457,29 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_UNSUPPORTED
     t0 = time.perf_counter()
     install(target=args.target)
+    pool = None if args.dry_run else start_workers(shape, args, args.jobs)
+    from tqdm import tqdm
+
     try:
-        kernels = plan(shape, ms, args.max_num_tokens, args.functional)
+        # Its own line from the start: importing flashinfer takes seconds before the first m.
+        with tqdm(total=None if args.functional else len(ms), desc="planning", unit="m", disable=args.json,
+                  file=sys.stderr, leave=True) as planning_bar:
+            kernels = plan(shape, ms, args.max_num_tokens, args.functional, progress=planning_bar)
     except NotImplementedError as exc:  # flashinfer's own refusal, e.g. EP on 0.6.x
+        _stop(pool)
         print(f"error: flashinfer cannot serve {shape.model} this way: {exc}", file=sys.stderr)
         return EXIT_UNSUPPORTED
     if not kernels:
+        _stop(pool)
         print(f"error: flashinfer requested no kernel cute-diskcache covers for {shape.model} "
               f"(quant {shape.quant_mode}); nothing to prewarm", file=sys.stderr)
         return EXIT_UNSUPPORTED
     mark_cached(kernels)
     if not args.dry_run:
         missing = [k for k in kernels.values() if k.status == "planned"]
-        from tqdm import tqdm
-
         with tqdm(total=len(missing), desc="compiling", unit="kernel", disable=args.json or not missing,
                   file=sys.stderr) as bar:
-            compile_missing(missing, shape, args, bar)
+            compile_missing(missing, shape, args, bar, pool)
     summary = _summary(kernels, time.perf_counter() - t0)
     summary["model"] = shape.as_dict()
     summary["target"] = args.target

@@ -147,8 +147,13 @@ class Store:
 
     # -- read side ----------------------------------------------------------------------------
 
-    def lookup(self, key: CacheKey) -> tuple[dict[str, Any], bytes] | None:
-        """A verified (manifest, object bytes) for ``key``, or None.
+    def lookup(self, key: CacheKey, *, load: bool = False) -> Found | None:
+        """A verified ``(manifest, bytes)`` for ``key`` (a :class:`Found`), or None.
+
+        Without ``load`` every payload is checked and the bytes are the object's. With ``load``
+        (a hit about to load it) only the payload that will be loaded is read and hashed: the
+        linked shared object when the entry has one and this process can load it
+        (:func:`.loader.shared_supported`), else the object; ``Found.role`` says which.
 
         A damaged entry is quarantined (when we may write); a sound one that does not fit this
         process (host CPU, device facts, signature) is a miss and stays. A payload that vanishes
@@ -170,7 +175,8 @@ class Store:
             before = _manifest_stat(path)
             try:
                 manifest = entry.read_manifest(path, hmac_key=self.hmac_key, owner=self.owner)
-                obj = entry.verify(path, manifest, key, owner=self.owner)
+                role = _role_to_load(manifest) if load else None
+                data = entry.verify(path, manifest, key, owner=self.owner, role=role)
             except entry.EntryError as exc:
                 if exc.reason == "absent":
                     return None
@@ -185,7 +191,7 @@ class Store:
                     return None
                 self.quarantine(path, exc, expect=before)
                 return None
-            return manifest, obj
+            return Found(manifest, data, role or "object")
         return None
 
     def note_refusal(self, path: Path, exc: entry.EntryError) -> None:
@@ -370,6 +376,27 @@ class Store:
             kind,
             exc,
         )
+
+
+class Found(tuple):  # type: ignore[type-arg]
+    """``(manifest, bytes)`` of a verified entry, and which payload the bytes are (``role``)."""
+
+    role: str
+
+    def __new__(cls, manifest: dict[str, Any], data: bytes, role: str = "object") -> "Found":
+        found = super().__new__(cls, (manifest, data))
+        found.role = role
+        return found
+
+
+def _role_to_load(manifest: dict[str, Any]) -> str:
+    """The payload a hit loads: the linked shared object when there is one and it can be loaded here."""
+    if manifest["payloads"].get("shared") and manifest.get("tvm_ffi"):
+        from . import loader
+
+        if loader.shared_supported():
+            return "shared"
+    return "object"
 
 
 def _manifest_stat(entry_dir: Path) -> tuple[int, int, int] | None:

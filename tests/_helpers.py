@@ -187,4 +187,13 @@ def rewrite_manifest(entry_dir: Path, manifest: dict[str, Any]) -> None:
 
 
 def mlir_of(entry_dir: Path, manifest: dict[str, Any]) -> str:
-    return zlib.decompress(payload_path(entry_dir, manifest, "mlir").read_bytes()).decode()
+    """The stored MLIR as text: zlib text (``.mlir.zz``), or bytecode (``.mlirbc.zz``) printed by the DSL's bindings."""
+    path = payload_path(entry_dir, manifest, "mlir")
+    raw = zlib.decompress(path.read_bytes())
+    if not path.name.endswith(".mlirbc.zz"):
+        return raw.decode()
+    from cutlass._mlir import ir
+
+    ctx = ir.Context()
+    ctx.allow_unregistered_dialects = True
+    return str(ir.Module.parse(raw, ctx))

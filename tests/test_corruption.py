@@ -8,6 +8,11 @@ disk or a foreign writer would, and runs fresh probes through real flashinfer:
    name, and gets the kernel the cold start got (same ABI text);
 2. the next start hits with zero compiles: the entry was rewritten.
 
+A hit reads and hashes only the payload it loads (issue 16): the linked shared object where the
+entry has one, else the object. Damage to the object is therefore checked with the shared-object
+path off (``CUTE_DISKCACHE_SHARED_OBJECTS=0``); damage to the cubin or MLIR, which no hit loads,
+leaves hits alone and is what ``cute-diskcache verify`` reports.
+
 A last test flips each byte of a real manifest in turn, in-process, and checks that every
 single flip is refused by verification.
 """
@@ -78,6 +83,17 @@ def zero_byte_manifest(d: Path) -> str:
 def flipped_object(d: Path) -> str:
     _flip(_payload(d, "object"))
     return "checksum"
+
+
+def flipped_shared(d: Path) -> str:
+    _flip(_payload(d, "shared"))
+    return "checksum"
+
+
+def truncated_shared(d: Path) -> str:
+    so = _payload(d, "shared")
+    so.write_bytes(so.read_bytes()[:1000])
+    return "truncated"
 
 
 def flipped_cubin(d: Path) -> str:
@@ -169,19 +185,27 @@ def _payload_name_from(raw: bytes, role: str) -> str:
     return str(entry.unpack_manifest(raw)["payloads"][role][0]["file"])
 
 
+#: The object is what a hit loads only with the shared-object path off.
+OBJECT_LOADED = {"CUTE_DISKCACHE_SHARED_OBJECTS": "0"}
+
+
 @dataclass(frozen=True)
 class Case:
     damage: Callable[[Path], str | None]
     slow: bool = False
+    env: dict[str, str] | None = None
+    unread: bool = False  # a payload no hit reads: hits go on, ``verify`` reports it
 
 
 CASES = [
-    Case(truncated_object),
-    Case(zero_byte_object),
+    Case(truncated_object, env=OBJECT_LOADED),
+    Case(zero_byte_object, env=OBJECT_LOADED),
     Case(zero_byte_manifest),
-    Case(flipped_object),
-    Case(flipped_cubin),
-    Case(flipped_mlir),
+    Case(flipped_object, env=OBJECT_LOADED),
+    Case(flipped_shared),
+    Case(truncated_shared),
+    Case(flipped_cubin, unread=True),
+    Case(flipped_mlir, unread=True),
     Case(flipped_manifest_key),
     Case(foreign_digest),
     Case(foreign_key, slow=True),
@@ -204,10 +228,11 @@ def _entry_dir(root: Path) -> Path:
     return dirs[0]
 
 
-def _assert_recovered(root: Path, cold: dict[str, Any], probe: Probe, reason: str | None) -> dict[str, Any]:
+def _assert_recovered(root: Path, cold: dict[str, Any], probe: Probe, reason: str | None,
+                      env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run the damaged start and the one after it; check both. Returns the damaged report."""
     digest = cold["events"][0][1]
-    hurt = probe(root, 1)
+    hurt = probe(root, 1, extra_env=env)
     c = hurt["counters"]
     warnings = re.findall(r"^cache entry .* rejected \((\w+):", hurt["stderr"], re.M)
     assert hurt["real_compiles"] == 1, hurt["stderr"]
@@ -241,9 +266,26 @@ def test_damaged_entry_is_quarantined_and_rewritten(case: Case, micro_copy: Warm
     d = _entry_dir(root)
     evil_target = d.parent.parent / "evil"
     reason = case.damage(d)
-    _assert_recovered(root, cold, probe, reason)
+    if case.unread:
+        _assert_unread_damage_is_left_to_verify(root, cold, probe, d, reason)
+        return
+    _assert_recovered(root, cold, probe, reason, case.env)
     if case.damage is hostile_payload_name:
         assert evil_target.exists(), "the file outside the entry must be neither read into a hit nor removed"
+
+
+def _assert_unread_damage_is_left_to_verify(root: Path, cold: dict[str, Any], probe: Probe, d: Path, reason: str | None) -> None:
+    """Hits hash what they load; the damaged payload is read by ``verify``, which says so."""
+    from cute_diskcache import cli
+
+    hit = probe(root, 1)
+    assert hit["real_compiles"] == 0 and hit["counters"]["hits"] == 1 and hit["counters"]["rejected"] == 0, hit["stderr"]
+    assert hit["records"][0]["launch_error"] == cold["records"][0]["launch_error"]
+    assert not (root / "quarantine").exists()
+    assert cli.main(["--root", str(root), "verify", "--quarantine"]) == 1
+    assert [p.name.split("-")[1] for p in (root / "quarantine").iterdir()] == [reason]
+    again = probe(root, 1)
+    assert again["real_compiles"] == 1 and again["counters"]["writes"] == 1, "quarantined by verify, rebuilt by the next start"
 
 
 @pytest.mark.slow

@@ -163,6 +163,7 @@ def test_full_disk_evicts_and_the_commit_lands(
     # Room for the m=1 entry already there (~310 KB) and the new one's export, not for both entries.
     setup = (f"mount -t tmpfs -o size=450k,mode=0755 tmpfs {q(str(root))}\n"
              f"cp -a {q(str(warm_micro_root.root))}/v1 {q(str(root))}/v1\n"
+             f"find {q(str(root))}/v1 -mindepth 3 -maxdepth 3 -type d -exec touch -d '2 hours ago' {{}} +\n"  # last used a while ago
              f"trap 'find {q(str(root))} -name manifest.msgpack > {q(str(listing))}' EXIT")
     report = probe(root, 2, prefix=mount_ns(setup, keep_shell=True), extra_env={"CUTE_DISKCACHE_MAX_SIZE": "0"})
     c = report["counters"]

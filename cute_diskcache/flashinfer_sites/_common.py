@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any, Callable, Iterator
 
 from ..cache import CompileCache, default_cache
-from ..key import CacheKey, Environment, UnkeyableError, codegen_env, current_arch, keyed_env, source_facts
+from ..key import CacheKey, Environment, SourceFacts, UnkeyableError, codegen_env, current_arch, keyed_env, source_facts
 
 log = logging.getLogger("cute_diskcache")
 
@@ -153,6 +153,13 @@ def compile_options(call: "Call") -> Any:
 
 
 @functools.lru_cache(maxsize=None)
+def site_sources(module_name: str) -> SourceFacts:
+    """The fingerprint of a site module's code and what it reaches (once per process: flashinfer
+    is not reloaded under a serving engine), so the first hit does not pay for it."""
+    return source_facts(sys.modules[module_name], "flashinfer")
+
+
+@functools.lru_cache(maxsize=None)
 def environment(*module_names: str) -> Environment:
     """The core's Environment for a site: same kind, package, arch and DSL stack as moe_dispatch.
 
@@ -164,7 +171,7 @@ def environment(*module_names: str) -> Environment:
     :data:`~..key.NOT_CODEGEN_ENV`: flashinfer need not put a process-wide switch in its
     in-process key, but entries shared across processes must carry it.
     """
-    facts = [source_facts(sys.modules[name], "flashinfer") for name in module_names]
+    facts = [site_sources(name) for name in module_names]
     prints = [f.fingerprint for f in facts]
     sources = prints[0] if len(prints) == 1 else hashlib.sha256("".join(prints).encode()).hexdigest()
     switches = {**codegen_env(), **keyed_env(name for f in facts for name in f.env_reads)}

@@ -95,19 +95,14 @@ def patch(md: ModuleType) -> bool:
 def _warm_up(md: ModuleType) -> None:
     """Do the once-per-process work now, at engine start, instead of on the first request.
 
-    Hashing the kernel sources, listing the DSL distributions and dlopening the DSL runtime
-    cost ~10 ms together. The target arch is NOT resolved here: without CUTE_DSL_ARCH that
-    queries the CUDA driver, and initialising CUDA in a process that may fork workers later
-    (an engine's front end) breaks CUDA in the children.
+    The kernel sources' fingerprint (hashing moe_dispatch and what it reaches) and the cache's
+    own warm-up (:meth:`~..cache.CompileCache.warm_up`).
     """
     from ..cache import default_cache
-    from ..entry import preload_runtime
-    from ..key import dsl_stack, source_fingerprint
+    from ._common import site_sources
 
     try:
-        dsl_stack()
-        source_fingerprint(md, "flashinfer")
-        default_cache()
-        preload_runtime()
+        site_sources(md.__name__)
+        default_cache().warm_up()
     except Exception as exc:  # only an optimisation; the first compile site retries
         log.debug("warm-up skipped: %s", exc)

@@ -331,7 +331,12 @@ def patch(module: ModuleType) -> bool:
             return compiler is not None and _patch_w4a16_compiler(compiler)
         if name == MOE_DISPATCH:
             _hook_block_dim_probe(module)
-            return serve_native_sites(module)
+            serving = serve_native_sites(module)
+            if serving:
+                from .v0_6 import _warm_up
+
+                _warm_up(module)
+            return serving
     return False
 
 
