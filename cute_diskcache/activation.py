@@ -20,20 +20,20 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any, Sequence
 
-MOE_DISPATCH = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch"
-#: Every module under this package is offered to the adapter as it is imported; the adapter
-#: decides, per flashinfer version, which ones hold compile sites (0.6.18+ has several).
-_SITE_PACKAGE = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x."
-_WATCHED = ("flashinfer", MOE_DISPATCH)
+from .flashinfer_sites.names import FLASHINFER, MOE_DISPATCH, SITE_PACKAGES  # noqa: E402  (imports nothing)
+
+#: flashinfer's own import (a profile must be in place before it queries the device), and every
+#: module of the adapter's site packages as it is imported (the adapter decides which hold sites).
+_WATCHED = (FLASHINFER, MOE_DISPATCH)
 
 
 def _watched(fullname: str) -> bool:
-    return fullname in _WATCHED or fullname.startswith(_SITE_PACKAGE)
+    return fullname in _WATCHED or fullname.startswith(SITE_PACKAGES)
 
 
 def _site_modules() -> "list[ModuleType]":
     """The adapter's candidate modules already imported, in import order."""
-    return [m for name, m in list(sys.modules.items()) if name.startswith(_SITE_PACKAGE) and m is not None]
+    return [m for name, m in list(sys.modules.items()) if name.startswith(SITE_PACKAGES) and m is not None]
 
 
 _lock = RLock()
@@ -63,10 +63,10 @@ class _Loader:
         return self._real.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
-        if self._fullname == "flashinfer":
+        if self._fullname == FLASHINFER:
             _apply_profile()  # flashinfer queries the device while it imports
         self._real.exec_module(module)
-        if self._fullname.startswith(_SITE_PACKAGE):
+        if self._fullname.startswith(SITE_PACKAGES):
             _attach(module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, is_package, resource readers...

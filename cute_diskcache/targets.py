@@ -37,6 +37,8 @@ class DeviceProfile:
     # Driver attributes that differ from (or are missing in) the defaults below: for a card we
     # do not list, or a card variant; ``None`` removes an attribute, so a compile reading it fails.
     attributes: tuple[tuple[str, int | None], ...] = ()
+    # shares memory with the host (torch's ``is_integrated``): the DGX Spark's GB10
+    integrated: bool = False
 
     def max_active_clusters(self, cluster_size: int) -> int:
         return max(1, self.max_active_clusters_1 // max(1, cluster_size))
@@ -80,7 +82,7 @@ PROFILES: dict[str, DeviceProfile] = {
         DeviceProfile("rtx-5090", "NVIDIA GeForce RTX 5090", "sm_120a", (12, 0), 170, 170, total_memory=32 * _GiB, **_SM120_SMEM),
         DeviceProfile("rtx-5080", "NVIDIA GeForce RTX 5080", "sm_120a", (12, 0), 84, 84, total_memory=16 * _GiB, **_SM120_SMEM),
         DeviceProfile("rtx-5070-ti", "NVIDIA GeForce RTX 5070 Ti", "sm_120a", (12, 0), 70, 70, total_memory=16 * _GiB, **_SM120_SMEM),
-        DeviceProfile("dgx-spark", "NVIDIA GB10", "sm_121a", (12, 1), 48, 48, total_memory=128 * _GiB, **_SM120_SMEM),
+        DeviceProfile("dgx-spark", "NVIDIA GB10", "sm_121a", (12, 1), 48, 48, total_memory=128 * _GiB, integrated=True, **_SM120_SMEM),
         DeviceProfile(
             "h200",
             "NVIDIA H200",
@@ -154,7 +156,7 @@ class _Props:
         self.shared_memory_per_block_optin = p.max_shared_memory_per_block_optin
         self.max_shared_memory_per_block_optin = p.max_shared_memory_per_block_optin
         self.warp_size = 32
-        self.is_integrated = p.name == "dgx-spark"
+        self.is_integrated = p.integrated
         self.is_multi_gpu_board = False
 
     def __repr__(self) -> str:
@@ -273,66 +275,3 @@ def apply(profile: DeviceProfile | str, *, force: bool = False) -> DeviceProfile
 def apply_from_env() -> DeviceProfile | None:
     name = os.environ.get("CUTE_DISKCACHE_TARGET")
     return apply(name) if name else None
-
-
-def apply_driver_attributes(profile: DeviceProfile | None = None) -> bool:
-    """Answer the DSL's driver attribute queries from the active profile (see :mod:`.devicefacts`).
-
-    Only the attributes the profile knows are answered; any other query raises
-    :class:`~.devicefacts.MissingDeviceFact` naming it, so a compile never bakes in a guess or
-    the attributes of whatever other card is in the machine. Idempotent; False when no profile
-    is active or the DSL is not installed.
-    """
-    if (profile or _active) is None:
-        return False
-    if profile is not None and profile != _active:
-        raise RuntimeError(f"driver attributes are answered from the active profile ({_active and _active.name}), not {profile.name}")
-    from . import devicefacts
-
-    return devicefacts.install_hook()
-
-
-class CudaPresented:
-    """A CPU tensor presented to DLPack consumers as a ``cuda:<index>`` tensor.
-
-    Some compile sites build the compile-time description of their arguments from real
-    tensors (``from_dlpack``): a CPU tensor there compiles a *different* kernel (generic
-    instead of global memory). For an offline compile only, the tensor's DLPack capsule says
-    CUDA; nothing ever reads or writes through its pointer at compile time.
-    """
-
-    _KDL_CUDA = 2
-
-    def __init__(self, tensor: Any, index: int = 0) -> None:
-        self.tensor = tensor
-        self.index = index
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (self._KDL_CUDA, self.index)
-
-    def __dlpack__(self, *_args: Any, **_kwargs: Any) -> Any:
-        import ctypes
-
-        capsule = self.tensor.__dlpack__()  # the legacy DLManagedTensor capsule
-        get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-        get_pointer.restype = ctypes.c_void_p
-        get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-        managed = get_pointer(capsule, b"dltensor")
-        # DLTensor starts with `void* data`, then `DLDevice device` {int32 type, int32 id}.
-        device = (ctypes.c_int32 * 2).from_address(managed + ctypes.sizeof(ctypes.c_void_p))
-        device[0], device[1] = self._KDL_CUDA, self.index
-        return capsule
-
-
-def cuda_presenting(from_dlpack: Any) -> Any:
-    """Wrap a ``from_dlpack``: CPU torch tensors go in as :class:`CudaPresented` ones."""
-    if getattr(from_dlpack, "_cdc_real", None) is not None:
-        return from_dlpack
-
-    def wrapped(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(getattr(tensor, "device", None), "type", None) == "cpu" and hasattr(tensor, "__dlpack__"):
-            tensor = CudaPresented(tensor)
-        return from_dlpack(tensor, *args, **kwargs)
-
-    wrapped._cdc_real = from_dlpack  # type: ignore[attr-defined]
-    return wrapped

@@ -25,13 +25,13 @@ args = ap.parse_args()
 
 logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="LOG %(levelname)s %(message)s")
 
-from cute_diskcache import targets  # noqa: E402
+from cute_diskcache import devicefacts, targets  # noqa: E402
 
 base = targets.get(args.profile)
 changes = tuple((k, int(v)) for k, v in (s.split("=", 1) for s in args.set)) + tuple((k, None) for k in args.drop)
 profile = dataclasses.replace(base, attributes=changes)
 targets.apply(profile)
-targets.apply_driver_attributes()
+devicefacts.install_hook()  # the DSL's driver attribute queries answered from the profile
 
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402

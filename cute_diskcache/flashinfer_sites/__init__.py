@@ -22,56 +22,55 @@ is imported (:func:`patch`, :func:`apply_profile`); whatever we do not know is l
 from __future__ import annotations
 
 import sys
-from types import ModuleType
 
-from .. import targets
-from . import compat, v0_6, v0_7
-from ._common import (
-    FLASHINFER_UTILS,
-    MOE_DISPATCH,
-    SM12X,
-    _Compile,
-    _CuteProxy,
-    flashinfer_version,
-    planning,
-)
-from ._common import version_tuple as _version_tuple
-from .scan import coverage_report
-from .driving import Dispatcher, dispatch, kernel_cache_sizes
-from .v0_6 import FIRST_NATIVE, FIRST_SUPPORTED, SITES, coverage
+from .names import FLASHINFER_UTILS, MOE_DISPATCH, SM12X
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the hook loads this at start-up)
+if TYPE_CHECKING:
+    from types import ModuleType
+    from typing import Any
+
+#: Public name -> the submodule that defines it. Loaded on first use: the activation hook imports
+#: :mod:`.names` at interpreter start, which must not pull in the cache, torch or the DSL.
+_LAZY = {
+    "compat": None,
+    "Dispatcher": "driving",
+    "dispatch": "driving",
+    "kernel_cache_sizes": "driving",
+    "coverage_report": "scan",
+    "flashinfer_version": "_common",
+    "planning": "_common",
+    "FIRST_NATIVE": "v0_6",
+    "FIRST_SUPPORTED": "v0_6",
+    "SITES": "v0_6",
+    "coverage": "v0_6",
+}
 
 __all__ = [
-    "compat",
-    "FIRST_NATIVE",
-    "FIRST_SUPPORTED",
     "FLASHINFER_UTILS",
     "MOE_DISPATCH",
-    "SITES",
-    "_Compile",
-    "_CuteProxy",
-    "_version_tuple",
     "SM12X",
-    "Dispatcher",
+    *_LAZY,
     "apply_profile",
-    "coverage",
-    "coverage_report",
-    "dispatch",
-    "flashinfer_version",
-    "kernel_cache_sizes",
     "patch",
-    "planning",
     "unpatch",
 ]
 
 
-def patch(module: ModuleType) -> bool:
-    """Attach the disk cache to one flashinfer module (idempotent). True if sites there use it.
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-    A flashinfer + DSL combination the compatibility matrix shows cannot work is refused
-    (:mod:`.compat`): nothing is attached, and one log line says why.
-    """
-    if compat.refused():
-        return False
+    module = importlib.import_module(f"{__name__}.{_LAZY[name] or name}")
+    return module if _LAZY[name] is None else getattr(module, name)
+
+
+def patch(module: ModuleType) -> bool:
+    """Attach the disk cache to one flashinfer module (idempotent). True if sites there use it."""
+    from . import v0_6, v0_7
+    from ._common import flashinfer_version
+
     version = flashinfer_version()
     if module.__name__ == MOE_DISPATCH and not v0_7.applies(version):
         return v0_6.patch(module)  # below 0.6.12 it installs a proxy that passes everything
@@ -82,6 +81,8 @@ def patch(module: ModuleType) -> bool:
 
 def unpatch(module: ModuleType) -> None:
     """Put back what :func:`patch` replaced in ``module`` (target profile stand-ins stay)."""
+    from . import v0_7
+
     v0_7.unpatch(module)
 
 
@@ -90,8 +91,13 @@ def apply_profile(module: ModuleType) -> None:
 
     The DSL's max-active-clusters probe launches an occupancy query on the driver, which a box
     without the card cannot answer (flashinfer would warn and fall back to the SM count); the
-    0.6.18+ sites ask more (see :func:`.v0_7.apply_profile`).
+    DSL's own driver attribute queries are answered from the profile (:mod:`..devicefacts`);
+    the 0.6.18+ sites ask more (see :func:`.v0_7.apply_profile`).
     """
+    from .. import devicefacts, targets
+    from . import v0_7
+    from ._common import flashinfer_version
+
     profile = targets.active()
     if profile is None:
         return
@@ -102,6 +108,6 @@ def apply_profile(module: ModuleType) -> None:
     for mod in (sys.modules.get(FLASHINFER_UTILS), module):
         if mod is not None and hasattr(mod, "get_max_active_clusters"):
             mod.get_max_active_clusters = get_max_active_clusters
-    targets.apply_driver_attributes(profile)  # the DSL bakes some driver answers into the IR
+    devicefacts.install_hook()  # the DSL bakes some driver answers into the IR
     if v0_7.applies(flashinfer_version()):
         v0_7.apply_profile(module, profile)

@@ -30,9 +30,7 @@ from ..key import CacheKey, Environment, SourceFacts, UnkeyableError, codegen_en
 
 log = logging.getLogger("cute_diskcache")
 
-SM12X = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x"
-MOE_DISPATCH = f"{SM12X}.moe_dispatch"
-FLASHINFER_UTILS = "flashinfer.cute_dsl.utils"
+from .names import FLASHINFER_UTILS, MOE_DISPATCH, SM12X  # noqa: E402,F401  (re-exported for the generations)
 
 
 # --------------------------------------------------------------------------------------------

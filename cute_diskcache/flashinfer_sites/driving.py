@@ -14,14 +14,19 @@ from ._common import MOE_DISPATCH, flashinfer_version
 
 
 def kernel_cache_sizes() -> dict[str, int]:
-    """How many kernels flashinfer holds in memory, per kind."""
+    """How many kernels flashinfer holds in memory, per kind (every generation's dicts that exist)."""
     md = sys.modules.get(MOE_DISPATCH)
     if md is None:
         return {}
-    if v0_7.applies(flashinfer_version()):
-        return v0_7.kernel_cache_sizes()
-    names = {"micro": "_MICRO_KERNEL_CACHE", "static": "_STATIC_KERNEL_CACHE", "dynamic": "_DYNAMIC_KERNEL_CACHE"}
-    return {kind: len(getattr(md, attr, {}) or {}) for kind, attr in names.items()}
+    out: dict[str, int] = {}
+    for kind, attr in (("micro", "_MICRO_KERNEL_CACHE"), ("static", "_STATIC_KERNEL_CACHE"),
+                       ("dynamic", "_DYNAMIC_KERNEL_CACHE"), ("direct_micro", "_DIRECT_MICRO_KERNEL_CACHE")):
+        if hasattr(md, attr):
+            out[kind] = len(getattr(md, attr) or {})
+    compiler = sys.modules.get(v0_7.W4A16_COMPILER)
+    if compiler is not None:
+        out["w4a16"] = len(getattr(compiler, "_COMPILE_CACHE", {}) or {})
+    return out
 
 
 class Dispatcher:

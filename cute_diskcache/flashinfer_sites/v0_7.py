@@ -45,6 +45,7 @@ from typing import Any, Iterator
 from .. import targets
 from ..key import UnkeyableError
 from . import _common, compat
+from .offline import cuda_presenting
 from ._common import MOE_DISPATCH, PATCHES, SM12X, Call, Site, arg_signature, install_proxy, plain, site_codes, version_tuple
 
 log = logging.getLogger("cute_diskcache")
@@ -411,7 +412,7 @@ def apply_profile(module: ModuleType, profile: targets.DeviceProfile) -> None:
       CPU tensors it says no and picks other cutovers and ``one_round_fc1`` than the card.
     * The direct micro block-dim probe asks the driver (see :func:`probe_block_dim`).
     * Sites that compile against ``from_dlpack`` tensors would compile for generic instead of
-      global memory: their tensors are presented as ``cuda:0`` (:class:`~..targets.CudaPresented`).
+      global memory: their tensors are presented as ``cuda:0`` (:class:`.offline.CudaPresented`).
 
     (The DSL's own driver attribute queries are answered for every generation, by the caller.)
     """
@@ -427,7 +428,7 @@ def apply_profile(module: ModuleType, profile: targets.DeviceProfile) -> None:
             dlpack_users.append(kernel_mod)
     for mod in dlpack_users:
         if hasattr(mod, "from_dlpack"):
-            mod.from_dlpack = targets.cuda_presenting(mod.from_dlpack)
+            mod.from_dlpack = cuda_presenting(mod.from_dlpack)
 
 
 # --------------------------------------------------------------------------------------------
@@ -654,18 +655,3 @@ def native_sites(events: list[dict[str, Any]]) -> Iterator[None]:
         yield
     finally:
         PATCHES.restore(md, ("build_and_load_cute_dsl_kernel",))
-
-
-def kernel_cache_sizes() -> dict[str, int]:
-    """How many kernels flashinfer holds in memory, per kind (0.6.18+ layout)."""
-    md = sys.modules.get(MOE_DISPATCH)
-    out: dict[str, int] = {}
-    if md is not None:
-        for kind, attr in (("micro", "_MICRO_KERNEL_CACHE"), ("static", "_STATIC_KERNEL_CACHE"),
-                           ("dynamic", "_DYNAMIC_KERNEL_CACHE"), ("direct_micro", "_DIRECT_MICRO_KERNEL_CACHE")):
-            if hasattr(md, attr):
-                out[kind] = len(getattr(md, attr) or {})
-    compiler = sys.modules.get(W4A16_COMPILER)
-    if compiler is not None:
-        out["w4a16"] = len(getattr(compiler, "_COMPILE_CACHE", {}) or {})
-    return out
