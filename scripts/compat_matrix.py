@@ -546,7 +546,7 @@ def write_markdown(results: list[dict[str, Any]], path: Path, run_info: dict[str
     ]
     if info:
         head += [f"Last full run: {info.get('date')}, {info.get('cells')} cells in {info.get('minutes')} min on {info.get('machine')}"
-                 f" (code {info.get('code')}; venvs built from pip's cache, torch from the shared base venv).", ""]
+                 f" (code {info.get('code')}; {info.get('venvs', 'venvs built from pip cache')}).", ""]
     counts = {status: sum(r["status"] == status for r in results) for status in ("proven", "refused", "failed")}
     head += [", ".join(f"{n} {status}" for status, n in counts.items()) + ".", ""]
     path.write_text("\n".join(head) + "\n" + table(results) + "\n")
@@ -639,8 +639,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.drop_venvs:
                 shutil.rmtree(args.scratch / "cells" / cell.name, ignore_errors=True)
         if len(chosen) == len(CELLS):
+            venv_s = sum(r.get("seconds", {}).get("venv", 0) for r in load_results(args.results))
             run_info = {"date": datetime.date.today().isoformat(), "cells": len(chosen),
-                        "minutes": round((time.perf_counter() - t0) / 60), "machine": machine(), "code": code_version(args.code)}
+                        "minutes": round((time.perf_counter() - t0) / 60), "machine": machine(), "code": code_version(args.code),
+                        "venvs": (f"venvs built from pip's cache in {venv_s / 60:.0f} of those minutes" if venv_s > 60
+                                  else "venvs of an earlier run reused") + ", torch from the shared base venv"}
             (args.results / "run.json").write_text(json.dumps(run_info, indent=1) + "\n")
     results = load_results(args.results)
     write_markdown(results, args.results / "README.md", run_info)
