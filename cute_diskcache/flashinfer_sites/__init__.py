@@ -4,6 +4,11 @@ One module per flashinfer generation:
 
 * :mod:`.v0_6` - 0.6.12 to 0.6.17: moe_dispatch's static, micro and dynamic kernels, which
   flashinfer keeps in memory only.
+* :mod:`.gemm` - every release: the b12x dense FP4 and MXFP8 GEMMs (SM120/SM121), which
+  flashinfer compiles in memory only (:mod:`.gemm_offline`: what their public API asks of a
+  card that is not in the machine).
+* :mod:`.native` - 0.6.18+: flashinfer's other natively cached sm12x kernels (SM12x CuTe FP4
+  GEMM, SM120 FMHA and KDA prefill, cuDNN-Frost's sm_120a sources), served like moe_dispatch's.
 * :mod:`.v0_7` - 0.6.18 to 0.7.x: flashinfer persists those three itself, keyed on torch's
   build; we serve them from our cache instead (``CUTE_DISKCACHE_NATIVE_SITES=flashinfer`` leaves
   them to flashinfer; either way one kernel never has two caches), and cover the sites it still
@@ -14,8 +19,8 @@ One module per flashinfer generation:
 flashinfer + DSL combinations refused, and the checks a site passes before it is cached on a
 release outside the verified list.
 
-The activation hook hands us every module under ``fused_moe/cute_dsl/blackwell_sm12x`` as it
-is imported (:func:`patch`, :func:`apply_profile`); whatever we do not know is left alone.
+The activation hook hands us every module under :data:`.names.SITE_PACKAGES` as it is imported
+(:func:`patch`, :func:`apply_profile`); whatever we do not know is left alone.
 :func:`coverage_report` says, from the installed source, which sites are covered by whom.
 """
 
@@ -68,9 +73,13 @@ def __getattr__(name: str) -> Any:
 
 def patch(module: ModuleType) -> bool:
     """Attach the disk cache to one flashinfer module (idempotent). True if sites there use it."""
-    from . import v0_6, v0_7
+    from . import gemm, native, v0_6, v0_7
     from ._common import flashinfer_version
 
+    if module.__name__ in gemm.MEMOS:
+        return gemm.patch(module)  # the b12x dense GEMMs (every release that has them)
+    if module.__name__ == native.CORE:
+        return v0_7.applies(flashinfer_version()) and native.patch(module)
     version = flashinfer_version()
     if module.__name__ == MOE_DISPATCH and not v0_7.applies(version):
         return v0_6.patch(module)  # below 0.6.12 it installs a proxy that passes everything
@@ -81,9 +90,11 @@ def patch(module: ModuleType) -> bool:
 
 def unpatch(module: ModuleType) -> None:
     """Put back what :func:`patch` replaced in ``module`` (target profile stand-ins stay)."""
-    from . import v0_7
+    from . import gemm, native, v0_7
 
     v0_7.unpatch(module)
+    gemm.unpatch(module)
+    native.unpatch(module)
 
 
 def apply_profile(module: ModuleType) -> None:
@@ -95,7 +106,7 @@ def apply_profile(module: ModuleType) -> None:
     the 0.6.18+ sites ask more (see :func:`.v0_7.apply_profile`).
     """
     from .. import devicefacts, targets
-    from . import v0_7
+    from . import gemm_offline, v0_7
     from ._common import flashinfer_version
 
     profile = targets.active()
@@ -109,5 +120,6 @@ def apply_profile(module: ModuleType) -> None:
         if mod is not None and hasattr(mod, "get_max_active_clusters"):
             mod.get_max_active_clusters = get_max_active_clusters
     devicefacts.install_hook()  # the DSL bakes some driver answers into the IR
+    gemm_offline.apply(module, profile)  # what the GEMM API asks of the device
     if v0_7.applies(flashinfer_version()):
         v0_7.apply_profile(module, profile)

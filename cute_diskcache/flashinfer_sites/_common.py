@@ -158,8 +158,8 @@ def site_sources(module_name: str) -> SourceFacts:
 
 
 @functools.lru_cache(maxsize=None)
-def environment(*module_names: str) -> Environment:
-    """The core's Environment for a site: same kind, package, arch and DSL stack as moe_dispatch.
+def environment(*module_names: str, kind: str = "flashinfer-moe") -> Environment:
+    """The core's Environment for a site: ``kind`` names the site family (the namespace's prefix).
 
     ``sources`` fingerprints every named module (the site's own, and the module that defines
     the kernel when that is another one), each with the flashinfer modules it reaches. Every
@@ -174,7 +174,7 @@ def environment(*module_names: str) -> Environment:
     sources = prints[0] if len(prints) == 1 else hashlib.sha256("".join(prints).encode()).hexdigest()
     switches = {**codegen_env(), **keyed_env(name for f in facts for name in f.env_reads)}
     return Environment(
-        kind="flashinfer-moe",
+        kind=kind,
         package=f"flashinfer-python=={flashinfer_version()}",
         sources=sources,
         arch=current_arch(),
@@ -220,6 +220,9 @@ class Site:
     deliver: Callable[[Any, dict[str, Any], Call], None] | None = None
     extra_ok: Callable[[dict[str, Any]], bool] | None = None
     site_name: str | None = None  # stored in the manifest; default flashinfer.<module>.<kind>
+    env_kind: str = "flashinfer-moe"  # the Environment's kind: the namespace's prefix (flashinfer-gemm, ...)
+    #: What flashinfer gets: ``adapt(kernel, extra, call)`` (default: the kernel as the cache gave it).
+    adapt: Callable[[Any, dict[str, Any], Call], Any] | None = None
 
     @property
     def name(self) -> str:
@@ -261,7 +264,8 @@ def through_cache(site: Site, call: Call, compile_fn: Callable[[], Any],
     uncached = uncached or compile_fn
     try:
         modules = site.modules(call) if site.modules else (site.module,)
-        key = CacheKey(environment(*modules), site.name, site.key(call), site.options(call))
+        env = environment(*modules) if site.env_kind == Site.env_kind else environment(*modules, kind=site.env_kind)
+        key = CacheKey(env, site.name, site.key(call), site.options(call))
         key.digest  # noqa: B018 - encode now, so an unkeyable element is caught here
         cache = cache_fn()
     except UnkeyableError as exc:
@@ -281,7 +285,70 @@ def through_cache(site: Site, call: Call, compile_fn: Callable[[], Any],
             site.deliver(kernel, extra, call)
         except Exception as exc:  # side data is an optimisation: flashinfer then asks for itself
             log.error("cute-diskcache: %s side data not delivered (%s: %s)", site.name, type(exc).__name__, exc)
+    if site.adapt is not None and kernel is not planned_kernel:
+        kernel = site.adapt(kernel, extra, call)
     return kernel
+
+
+# --------------------------------------------------------------------------------------------
+# Calling convention: what a compiled tvm-ffi kernel accepts that a loaded one does not
+# --------------------------------------------------------------------------------------------
+
+_PLAIN_DEFAULT = (type(None), bool, int, float, str)
+
+
+def calling_convention(kernel: Any) -> dict[str, Any] | None:
+    """How a freshly compiled tvm-ffi kernel takes its arguments, as side data (or None).
+
+    ``cute.compile`` wraps a tvm-ffi kernel in the DSL's keyword wrapper: parameter names,
+    trailing defaults (the b12x GEMM's three optional SVDQuant tensors default to ``None``, and
+    flashinfer omits them), keyword-only parameters. A kernel loaded from disk is the bare,
+    positional tvm-ffi function, so a caller that relies on a default would fail on a hit. The
+    wrapper's own signature is the DSL's spec; None when there is no wrapper or it does more
+    than names and plain defaults (dataclass unpacking, pointer conversion): such an entry is
+    then never handed out (:func:`convention_ok`).
+    """
+    import inspect
+
+    wrapper = getattr(kernel, "_kwargs_wrapper", None)
+    if wrapper is None or "__i_unpack" in getattr(wrapper, "__globals__", {}):
+        return None
+    if getattr(getattr(kernel, "execution_args", None), "has_pointer_address_arg_specs", False):
+        return None
+    names, defaults, kwonly, kwdefaults = [], [], [], {}
+    for p in inspect.signature(wrapper).parameters.values():
+        has_default = p.default is not inspect.Parameter.empty
+        if has_default and not isinstance(p.default, _PLAIN_DEFAULT):
+            return None
+        if p.kind is inspect.Parameter.KEYWORD_ONLY:
+            kwonly.append(p.name)
+            if has_default:
+                kwdefaults[p.name] = p.default
+        elif p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+            names.append(p.name)
+            if has_default:
+                defaults.append(p.default)
+        else:
+            return None
+    return {"arg_names": names, "arg_defaults": defaults, "kwonly_names": kwonly, "kwonly_defaults": kwdefaults}
+
+
+def convention_ok(conv: Any) -> bool:
+    """Side data from disk has the shape :func:`calling_convention` writes."""
+    return (isinstance(conv, dict) and isinstance(conv.get("arg_names"), list) and isinstance(conv.get("arg_defaults"), list)
+            and isinstance(conv.get("kwonly_names"), list) and isinstance(conv.get("kwonly_defaults"), dict)
+            and all(isinstance(n, str) for n in conv["arg_names"] + conv["kwonly_names"])
+            and len(conv["arg_defaults"]) <= len(conv["arg_names"]))
+
+
+def with_calling_convention(kernel: Any, conv: dict[str, Any]) -> Any:
+    """A loaded (bare) tvm-ffi kernel, wrapped to take its arguments as the compiled one did."""
+    if getattr(kernel, "_kwargs_wrapper", None) is not None:
+        return kernel  # compiled in this process: already wrapped
+    from tvm_ffi.utils.kwargs_wrapper import make_kwargs_wrapper
+
+    return make_kwargs_wrapper(kernel, arg_names=list(conv["arg_names"]), arg_defaults=tuple(conv["arg_defaults"]),
+                               kwonly_names=list(conv["kwonly_names"]), kwonly_defaults=dict(conv["kwonly_defaults"]))
 
 
 def _planned_extra(cache: CompileCache, key: CacheKey) -> dict[str, Any]:
