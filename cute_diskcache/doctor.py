@@ -1,18 +1,22 @@
-"""``cute-diskcache doctor``: is every sm12x MoE compile site of this flashinfer persisted?
+"""``cute-diskcache doctor``: is every sm12x compile site of this flashinfer persisted?
 
-Reads the installed flashinfer's source (never imports it) and prints, for every CuTe-DSL
-compile call under ``fused_moe/cute_dsl/blackwell_sm12x`` and ``b12x_moe.py``, whether
-cute-diskcache covers it, flashinfer's own disk cache does (0.6.18+), or nothing does; plus
-the versions, the cache root and the target profile in effect. A site a new release adds
-shows up as "nothing" here rather than compiling silently on every start.
+Reads all of the installed flashinfer's source (never imports it) and prints, for every
+CuTe-DSL compile site that can build an sm12x kernel (``cute.compile``, ``cute.compile[...]``,
+flashinfer's ``build_and_load_cute_dsl_kernel``, ``_compile_block_scaled_gemm`` and compile
+functions imported by name), whether cute-diskcache covers it, flashinfer's own disk cache does,
+or nothing does; plus the versions, the cache root and the target profile in effect. Sites of
+any arch (kernels with no arch in their name or code, built for whatever card runs them), of
+other archs only, and test or benchmark code shipped in the wheel are counted apart
+(``--all`` lists them). A site a new release adds shows up as "nothing" rather than compiling
+silently on every start.
 
 On a release outside the verified list (the compatibility matrix, ``compat/README.md``) it says
 so, and lists each adapter site's checks (``flashinfer_sites.compat``): a site that fails them is
 passed through uncached and shows as "nothing". A flashinfer + DSL combination the matrix shows
 cannot work is reported as refused.
 
-Exit status: 0; with ``--strict``, 1 when any site is covered by nothing, an adapter site was
-not found in the source (the release changed under us), or the combination is refused.
+Exit status: 0; with ``--strict``, 1 when any sm12x site is covered by nothing, an adapter site
+was not found in the source (the release changed under us), or the combination is refused.
 """
 
 from __future__ import annotations
@@ -33,8 +37,33 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
-def render(report: dict[str, Any], json: bool = False) -> str:
-    """The report as an operator reads it (a short table), or as JSON."""
+#: The groups counted apart from the sm12x sites, as the doctor titles them.
+_GROUPS = (
+    ("any", "any-arch sites (no arch in their code: built for whatever card runs them, SM120 included)"),
+    ("other", "other-arch sites (never built for sm12x)"),
+    ("harness", "test and benchmark code shipped in the wheel (no engine reaches it)"),
+)
+
+
+def _group(site: dict[str, Any]) -> str:
+    return "harness" if site.get("harness") else str(site.get("arch", "sm12x"))
+
+
+def _table(sites: list[dict[str, Any]]) -> list[str]:
+    if not sites:
+        return []
+    width = max(len(f"{s['file']}:{s['function']}") for s in sites)
+    lines = [f"  {'persisted by':<15}{'site':<{width}}  how"]
+    for s in sites:
+        how = ", ".join(s.get("calls", []))
+        if s.get("note"):
+            how += f"  ({s['note']})"
+        lines.append(f"  {s['status']:<15}{s['file'] + ':' + s['function']:<{width}}  {how}")
+    return lines
+
+
+def render(report: dict[str, Any], json: bool = False, show_all: bool = False) -> str:
+    """The report as an operator reads it (the sm12x table, the other groups counted), or as JSON."""
     if json:
         return jsonlib.dumps(report, indent=1, sort_keys=True)
     if not report.get("flashinfer"):
@@ -58,19 +87,24 @@ def render(report: dict[str, Any], json: bool = False) -> str:
     if report.get("native_sites"):
         lines.append(f"  native sites   served by {report['native_sites']} (CUTE_DISKCACHE_NATIVE_SITES)")
     sites = report.get("sites", [])
+    sm12x = [s for s in sites if _group(s) == "sm12x"]
     lines += [
         "",
-        f"compile sites: {len(sites)}  "
+        f"sm12x compile sites: {len(sm12x)}  "
         + "  ".join(f"{name} {summary.get(name, 0)}" for name in ("cute-diskcache", "flashinfer", "nothing")),
     ]
-    if sites:
-        width = max(len(f"{s['file']}:{s['function']}") for s in sites)
-        lines.append(f"  {'persisted by':<15}{'site':<{width}}  how")
-        for s in sites:
-            how = ", ".join(s.get("calls", []))
-            if s.get("note"):
-                how += f"  ({s['note']})"
-            lines.append(f"  {s['status']:<15}{s['file'] + ':' + s['function']:<{width}}  {how}")
+    lines += _table(sm12x)
+    groups = report.get("groups") or {}
+    for name, title in _GROUPS:
+        counts = groups.get(name) or {}
+        members = [s for s in sites if _group(s) == name]
+        if not members:
+            continue
+        lines += ["", f"{title}: {len(members)}  " + "  ".join(f"{k} {v}" for k, v in counts.items() if v)]
+        if show_all:
+            lines += _table(members)
+    if not show_all and len(sm12x) < len(sites):
+        lines.append("  (--all lists every site; --json has them all)")
     if report.get("refused"):
         lines += ["", f"REFUSED: {report['refused']}", "  cute-diskcache attaches nothing in this environment; flashinfer runs uncached."]
     missing = report.get("missing_adapter_sites") or []
@@ -98,17 +132,18 @@ def _release_line(report: dict[str, Any]) -> str:
 
 
 def strict_failure(report: dict[str, Any]) -> bool:
-    """What ``--strict`` fails on: a site nothing persists, a vanished adapter site, a refusal."""
+    """What ``--strict`` fails on: an sm12x site nothing persists, a vanished adapter site, a refusal."""
     return bool(report.get("summary", {}).get("nothing") or report.get("missing_adapter_sites") or report.get("refused"))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="cute-diskcache doctor", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
-    ap.add_argument("--strict", action="store_true", help="exit 1 if any site is covered by nothing")
+    ap.add_argument("--strict", action="store_true", help="exit 1 if any sm12x site is covered by nothing")
+    ap.add_argument("--all", action="store_true", help="list every site, not only the sm12x ones")
     args = ap.parse_args(argv)
     rep = report()
-    print(render(rep, json=args.json))
+    print(render(rep, json=args.json, show_all=args.all))
     if args.strict and strict_failure(rep):
         return 1
     return 0

@@ -21,12 +21,14 @@ from cute_diskcache import doctor
 from cute_diskcache.flashinfer_sites import scan
 
 FI_VERSION = "0.6.15.post1"
-W4A16_SITES = {f"moe_w4a16_kernel.py:compile_w4a16_{k}" for k in ("gemm", "fused_moe", "activation", "topk_sum")}
-MOE_DISPATCH_SITES = {f"moe_dispatch.py:_get_{k}_kernel" for k in ("static", "micro", "dynamic")}
+M = scan.MOE_BASE + "/"  # sites are named relative to flashinfer's package
+W4A16_SITES = {f"{M}moe_w4a16_kernel.py:compile_w4a16_{k}" for k in ("gemm", "fused_moe", "activation", "topk_sum")}
+MOE_DISPATCH_SITES = {f"{M}moe_dispatch.py:_get_{k}_kernel" for k in ("static", "micro", "dynamic")}
+B12X_FP4 = "gemm/gemm_base.py:_b12x_gemm_fp4_runner.B12xFp4GemmRunner.forward"
 
 
-def _status(report: dict) -> dict[str, str]:
-    return {f"{s['file']}:{s['function']}": s["status"] for s in report["sites"]}
+def _status(report: dict, group: str | None = None) -> dict[str, str]:
+    return {f"{s['file']}:{s['function']}": s["status"] for s in report["sites"] if group is None or scan.group(s) == group}
 
 
 @pytest.fixture(scope="module")
@@ -38,15 +40,20 @@ def installed_report() -> dict:
     return scan.sites_report()
 
 
-def test_0_6_15_moe_dispatch_sites_are_ours_and_w4a16_sites_are_nobodys(installed_report: dict) -> None:
-    status = _status(installed_report)
-    assert {s for s, st in status.items() if st == "cute-diskcache"} == MOE_DISPATCH_SITES
-    # 0.6.15.post1's W4A16 kernels compile with a plain cute.compile that neither we nor
-    # flashinfer persist: reported as such, not hidden.
-    assert {s for s, st in status.items() if st == "nothing"} == W4A16_SITES
-    assert installed_report["summary"] == {"cute-diskcache": 3, "flashinfer": 0, "nothing": 4}
+def test_0_6_15_moe_dispatch_and_b12x_gemm_are_ours_and_w4a16_sites_are_nobodys(installed_report: dict) -> None:
+    status = _status(installed_report, "sm12x")
+    assert {s for s, st in status.items() if st == "cute-diskcache"} == MOE_DISPATCH_SITES | {B12X_FP4}
+    # 0.6.15.post1's W4A16 kernels and GDN's delta-rule compile cache compile with a plain
+    # cute.compile that neither we nor flashinfer persist: reported as such, not hidden.
+    assert {s for s, st in status.items() if st == "nothing"} == W4A16_SITES | {
+        "gdn_kernels/delta_rule_dsl/custom_compile_cache.py:cached_compile"}
+    assert installed_report["summary"] == {"cute-diskcache": 4, "flashinfer": 0, "nothing": 5}
     assert installed_report["missing_adapter_sites"] == []
     assert installed_report["generation"].startswith("0.6.12-0.6.17")
+    # The whole package is scanned; what is not sm12x is counted apart, never judged.
+    groups = installed_report["groups"]
+    assert groups["any"]["nothing"] > 0 and groups["other"]["nothing"] > 0
+    assert "data/cutlass/examples/python/CuTeDSL/blackwell_geforce/dense_gemm.py:run" in _status(installed_report, "harness")
 
 
 def test_doctor_cli_prints_the_table_and_strict_fails_on_uncovered(tmp_path: Path) -> None:
@@ -158,18 +165,18 @@ def test_scanner_classifies_a_release_it_has_never_seen(tmp_path: Path) -> None:
     status = _status(report)
     assert status == {
         # flashinfer's natively cached sites: ours by default (CUTE_DISKCACHE_NATIVE_SITES).
-        **{f"moe_dispatch.py:_get_{k}_kernel": "cute-diskcache" for k in ("static", "micro", "dynamic")},
-        "moe_direct_micro_kernel.py:compile_direct_micro_kernel": "cute-diskcache",
-        "moe_new_thing.py:Op.compile_it": "nothing",  # the unknown site shows up, as nothing
-        "moe_w4a16_compiler.py:compile": "cute-diskcache",
-        "moe_w4a16_kernel.py:compile_w4a16_gemm": "cute-diskcache",  # through the covered wrapper
-        os.path.join("_sub", "deep.py") + ":nested.inner": "nothing",
+        **{f"{M}moe_dispatch.py:_get_{k}_kernel": "cute-diskcache" for k in ("static", "micro", "dynamic")},
+        f"{M}moe_direct_micro_kernel.py:compile_direct_micro_kernel": "cute-diskcache",
+        f"{M}moe_new_thing.py:Op.compile_it": "nothing",  # the unknown site shows up, as nothing
+        f"{M}moe_w4a16_compiler.py:compile": "cute-diskcache",
+        f"{M}moe_w4a16_kernel.py:compile_w4a16_gemm": "cute-diskcache",  # through the covered wrapper
+        f"{M}_sub/deep.py:nested.inner": "nothing",
     }
     calls = {f"{s['file']}:{s['function']}": s["calls"] for s in report["sites"]}
-    assert calls["moe_new_thing.py:Op.compile_it"] == ["cute.compile[...]"]
-    assert "build_and_load_cute_dsl_kernel" in calls["moe_dispatch.py:_get_static_kernel"]
+    assert calls[f"{M}moe_new_thing.py:Op.compile_it"] == ["cute.compile[...]"]
+    assert "build_and_load_cute_dsl_kernel" in calls[f"{M}moe_dispatch.py:_get_static_kernel"]
     # Adapter sites whose file exists but whose function no longer compiles: reported.
-    assert "moe_nvfp4_w4a4.py:run_moe_w4a4" not in report["missing_adapter_sites"]  # no such file here
+    assert f"{M}moe_nvfp4_w4a4.py:run_moe_w4a4" not in report["missing_adapter_sites"]  # no such file here
     assert report["verified"] is False
 
 
@@ -177,8 +184,8 @@ def test_a_renamed_adapter_site_is_reported_missing(tmp_path: Path) -> None:
     files = dict(NEW_RELEASE)
     files["moe_direct_micro_kernel.py"] = "import cutlass.cute as cute\n\ndef compile_v2(k):\n    return cute.compile(k)\n"
     report = scan.sites_report(_tree(tmp_path, files), "0.7.9")
-    assert report["missing_adapter_sites"] == ["moe_direct_micro_kernel.py:compile_direct_micro_kernel"]
-    assert _status(report)["moe_direct_micro_kernel.py:compile_v2"] == "nothing"
+    assert report["missing_adapter_sites"] == [f"{M}moe_direct_micro_kernel.py:compile_direct_micro_kernel"]
+    assert _status(report)[f"{M}moe_direct_micro_kernel.py:compile_v2"] == "nothing"
     assert "adapter sites not found" in doctor.render(report)
 
 
@@ -186,7 +193,7 @@ def test_native_sites_are_flashinfers_when_left_to_it(tmp_path: Path, monkeypatc
     monkeypatch.setenv("CUTE_DISKCACHE_NATIVE_SITES", "flashinfer")
     report = scan.sites_report(_tree(tmp_path, NEW_RELEASE), "0.7.9")
     assert {f"{s['file']}:{s['function']}" for s in report["sites"] if s["status"] == "flashinfer"} == {
-        f"moe_dispatch.py:_get_{k}_kernel" for k in ("static", "micro", "dynamic")}
+        f"{M}moe_dispatch.py:_get_{k}_kernel" for k in ("static", "micro", "dynamic")}
     assert report["native_sites"] == "flashinfer" and report["missing_adapter_sites"] == []
     assert "CUTE_DISKCACHE_NATIVE_SITES=flashinfer" in report["generation"]
 
@@ -227,8 +234,8 @@ def test_the_same_tree_on_a_0_6_version_uses_that_generation(tmp_path: Path) -> 
     files = {"moe_dispatch.py": "import cutlass.cute as cute\n\ndef _get_micro_kernel(k):\n    cache_key = k\n    return cute.compile(k)\n",
              "moe_direct_micro_kernel.py": NEW_RELEASE["moe_direct_micro_kernel.py"]}
     status = _status(scan.sites_report(_tree(tmp_path, files), "0.6.15.post1"))
-    assert status == {"moe_dispatch.py:_get_micro_kernel": "cute-diskcache",
-                      "moe_direct_micro_kernel.py:compile_direct_micro_kernel": "nothing"}
+    assert status == {f"{M}moe_dispatch.py:_get_micro_kernel": "cute-diskcache",
+                      f"{M}moe_direct_micro_kernel.py:compile_direct_micro_kernel": "nothing"}
 
 
 def test_render_json_round_trips(installed_report: dict) -> None:
