@@ -175,3 +175,142 @@ def moe_shape(model: str, *, tp: int = 1, ep: int = 1) -> MoEShape:
         num_layers=cfg.get("num_hidden_layers") if isinstance(cfg.get("num_hidden_layers"), int) else None,
         notes=notes,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Dense layers: the linear shapes an engine runs through flashinfer's b12x FP4 GEMM
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One NVFP4 linear layer of one rank, as the GEMM sees it (vLLM pads n and k to 32)."""
+
+    name: str  # qkv_proj, o_proj, gate_up_proj, down_proj, shared_expert.gate_up_proj, ...
+    n: int  # output features of this rank
+    k: int  # input features of this rank
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "n": self.n, "k": self.k}
+
+
+@dataclass(frozen=True)
+class DenseShape:
+    """One rank's NVFP4 linear layers: what vLLM's ``FlashInferB12xNvFp4LinearKernel`` runs.
+
+    Every layer of a kind has the same shape, so each kind is listed once. ``out_dtype`` is the
+    activations' dtype (vLLM passes ``x.dtype`` as the GEMM's output dtype).
+    """
+
+    model: str
+    linears: tuple[Linear, ...]
+    out_dtype: str = "bfloat16"
+    quant_mode: str = "nvfp4"
+    notes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "linears": [lin.as_dict() for lin in self.linears], "out_dtype": self.out_dtype,
+                "quant_mode": self.quant_mode, "notes": list(self.notes)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "DenseShape":
+        return cls(model=d["model"], linears=tuple(Linear(**lin) for lin in d["linears"]), out_dtype=d["out_dtype"],
+                   quant_mode=d["quant_mode"], notes=tuple(d.get("notes", ())))
+
+
+#: vLLM's ``pad_nvfp4_weight_for_cutlass``: both weight dims (n rows, k elements) to a multiple of 32.
+_PAD = 32
+
+
+def _pad(v: int) -> int:
+    return -(-v // _PAD) * _PAD
+
+
+def is_moe(cfg: dict[str, Any]) -> bool:
+    """Whether the config describes a mixture-of-experts model (it names an expert count)."""
+    return any(isinstance(cfg.get(k), int) and cfg[k] > 1 for k in ("num_experts", "num_local_experts", "n_routed_experts"))
+
+
+def _excluded(cfg: dict[str, Any]) -> list[str]:
+    """Module name patterns the checkpoint leaves unquantized (ModelOpt ``exclude_modules``,
+    compressed-tensors ``ignore``)."""
+    q = cfg.get("quantization_config") or {}
+    out = []
+    for key in ("exclude_modules", "ignore", "modules_to_not_convert"):
+        value = q.get(key)
+        if isinstance(value, list):
+            out += [str(v) for v in value]
+    return out
+
+
+def _quantized(module: str, excluded: list[str]) -> bool:
+    """Whether layer 0's ``module`` (e.g. ``self_attn.q_proj``) is NVFP4 in the checkpoint."""
+    import fnmatch
+
+    name = f"model.layers.0.{module}"
+    for pattern in excluded:
+        if pattern.startswith("re:"):
+            import re
+
+            if re.search(pattern[3:], name):
+                return False
+        elif fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, f"*{pattern}") or name.endswith(f".{pattern}"):
+            return False
+    return True
+
+
+def dense_shape(model: str, *, tp: int = 1) -> DenseShape:
+    """Per-rank NVFP4 linear shapes, as vLLM shards them (column-parallel outputs, row-parallel
+    inputs, KV heads replicated when there are fewer than ranks) and pads them (to 32).
+
+    A MoE model's dense layers are its attention projections, plus shared experts and the dense
+    MLP layers some architectures keep (``shared_expert_intermediate_size``, ``mlp_only_layers``,
+    ``first_k_dense_replace``). Layers the checkpoint leaves unquantized are not listed.
+    Raises :class:`UnsupportedModelError` for a checkpoint without NVFP4 linear layers.
+    """
+    cfg, name = load_config(model)
+    if tp < 1:
+        raise ModelConfigError("--tp must be >= 1")
+    quant = _quant_mode(cfg, name)
+    if quant != "nvfp4":
+        raise UnsupportedModelError(f"{name}: {quant} linear layers do not run through flashinfer's b12x FP4 GEMM")
+    hidden = _int_field(cfg, ("hidden_size",), "hidden size", name)
+    heads = _int_field(cfg, ("num_attention_heads",), "attention head count", name)
+    kv_heads = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    if heads % tp:
+        raise UnsupportedModelError(f"{name}: {heads} attention heads do not split over tp={tp}")
+    excluded = _excluded(cfg)
+    kv_rank = max(1, kv_heads // tp)  # fewer KV heads than ranks: each rank holds a replica
+    candidates: list[tuple[str, tuple[str, ...], int, int]] = [
+        ("qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.qkv_proj"),
+         (heads // tp + 2 * kv_rank) * head_dim, hidden),
+        ("o_proj", ("self_attn.o_proj",), hidden, heads * head_dim // tp),
+    ]
+    notes: list[str] = []
+    mlps: list[tuple[str, str, int]] = []  # (label prefix, module, intermediate size)
+    if not is_moe(cfg):
+        mlps.append(("", "mlp", _int_field(cfg, ("intermediate_size",), "intermediate size", name)))
+    else:
+        shared = cfg.get("shared_expert_intermediate_size") or (
+            (cfg.get("n_shared_experts") or 0) * (cfg.get("moe_intermediate_size") or 0))
+        if shared:
+            mlps.append(("shared_expert.", "mlp.shared_expert", int(shared)))
+        if cfg.get("mlp_only_layers") or cfg.get("first_k_dense_replace"):
+            mlps.append(("dense_mlp.", "mlp", _int_field(cfg, ("intermediate_size",), "dense MLP intermediate size", name)))
+    for label, module, inter in mlps:
+        if inter % tp:
+            raise UnsupportedModelError(f"{name}: intermediate size {inter} does not split over tp={tp}")
+        candidates += [
+            (f"{label}gate_up_proj", (f"{module}.gate_proj", f"{module}.up_proj", f"{module}.gate_up_proj"), 2 * inter // tp, hidden),
+            (f"{label}down_proj", (f"{module}.down_proj",), hidden, inter // tp),
+        ]
+    linears = []
+    for label, modules, n, k in candidates:
+        if not all(_quantized(m, excluded) for m in modules):
+            notes.append(f"{label} left unquantized by the checkpoint (not a b12x GEMM)")
+            continue
+        linears.append(Linear(label, _pad(n), _pad(k)))
+    torch_dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    out_dtype = "float16" if torch_dtype in ("float16", "half") else "bfloat16"
+    return DenseShape(model=name, linears=tuple(linears), out_dtype=out_dtype, quant_mode=quant, notes=tuple(notes))

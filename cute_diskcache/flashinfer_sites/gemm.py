@@ -160,9 +160,9 @@ def _wrapper(real: Callable[..., Any], sites: dict[int, Site], site_module: str)
             return compiled
 
         kernel = _common.through_cache(site, call, compile_kernel)
-        result = (kernel, mac)
-        if kernel is not _common.planned_kernel:  # a plan never fills flashinfer's memo
-            memo[mem_key] = result
+        # flashinfer memoises what its helper returned, a planned kernel too (a planning process
+        # never serves): a later call for the same tactic then asks for nothing, as on the card.
+        result = memo[mem_key] = (kernel, mac)
         return result
 
     _compile_block_scaled_gemm._cdc_gemm = True  # type: ignore[attr-defined]

@@ -83,12 +83,17 @@ def _cuda_version(real: Callable[[], Any]) -> Callable[[], Any]:
 
 
 def _stream_buffer(real: Callable[..., Any]) -> Callable[..., Any]:
+    held: dict[str, Any] = {}  # one host buffer per name, grown as asked (as flashinfer keeps one per stream)
+
     @functools.wraps(real)
     def _get_stream_cache_buf(name: str, num_bytes: int, device: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(device, "type", None) == "cpu":
             import torch
 
-            return torch.zeros(num_bytes, dtype=torch.uint8)
+            buf = held.get(name)
+            if buf is None or buf.numel() < num_bytes:
+                buf = held[name] = torch.zeros(num_bytes, dtype=torch.uint8)
+            return buf
         return real(name, num_bytes, device, *args, **kwargs)
 
     return _get_stream_cache_buf
