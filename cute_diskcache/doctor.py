@@ -52,13 +52,14 @@ def _group(site: dict[str, Any]) -> str:
 def _table(sites: list[dict[str, Any]]) -> list[str]:
     if not sites:
         return []
-    width = max(len(f"{s['file']}:{s['function']}") for s in sites)
+    name = lambda s: f"{s.get('path') or s['file']}:{s['function']}"  # noqa: E731
+    width = max(len(name(s)) for s in sites)
     lines = [f"  {'persisted by':<15}{'site':<{width}}  how"]
     for s in sites:
         how = ", ".join(s.get("calls", []))
         if s.get("note"):
             how += f"  ({s['note']})"
-        lines.append(f"  {s['status']:<15}{s['file'] + ':' + s['function']:<{width}}  {how}")
+        lines.append(f"  {s['status']:<15}{name(s):<{width}}  {how}")
     return lines
 
 

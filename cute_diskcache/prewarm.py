@@ -18,6 +18,10 @@ history (flashinfer PR #3836). From flashinfer 0.7.4 the workspace grows in powe
 so the keys are a finite set; ``--functional`` plans and compiles all of them by driving that
 path through every (workspace, m) pair it can meet (:mod:`.flashinfer_sites.functional`).
 Before 0.7.4 those keys follow every batch history and ``--functional`` is refused.
+
+The model's NVFP4 linear layers (attention, dense MLPs, shared experts) run flashinfer's b12x
+dense GEMM in vLLM; their kernels are planned and compiled the same way, by driving
+``mm_fp4`` as vLLM does (:mod:`.prewarm_dense`), and reported apart from the MoE kernels.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from typing import Any
 #: Exit codes: 0 all good, 1 some kernels failed, 2 the model or config cannot be prewarmed.
 EXIT_FAILED, EXIT_UNSUPPORTED = 1, 2
 #: Relative compile cost by kind (measured on 0.6.15.post1): schedule the long ones first.
-_COST = {"dynamic": 4.5, "static": 2.3, "micro": 2.0, "direct_micro": 2.0, "w4a16": 1.5}
+_COST = {"dynamic": 4.5, "static": 2.3, "micro": 2.0, "direct_micro": 2.0, "w4a16": 1.5, "b12x_fp4": 1.5}
 
 
 def _cost(kind: str) -> float:
@@ -74,6 +78,14 @@ class Kernel:
     seconds: float = 0.0
     bytes: int = 0
     error: str | None = None
+    group: str = "moe"  # moe | dense
+    call: dict[str, Any] | None = None  # dense: the call that requests it (:mod:`.prewarm_dense`)
+
+    def job(self) -> dict[str, Any]:
+        """What a worker is sent to request this kernel again."""
+        if self.group == "dense":
+            return {"dense": self.call}
+        return {"moe": list(self.recipe or (self.ms[0],))}
 
 
 def _dispatcher(shape: Any, max_num_tokens: int, functional: bool = False) -> Any:
@@ -168,27 +180,35 @@ def mark_cached(kernels: dict[str, Kernel]) -> None:
 
 
 def worker_main(args: argparse.Namespace) -> int:
-    """A compile worker: read an m per stdin line, dispatch it with the cache on, report JSON."""
-    from . import models
+    """A compile worker: read a job per stdin line (JSON), make its calls with the cache on, report JSON.
+
+    A job is ``{"moe": [m, ...]}`` (the m values to dispatch, the last one requesting the
+    kernel) or ``{"dense": {...}}`` (a :mod:`.prewarm_dense` recipe).
+    """
+    from . import models, prewarm_dense
     from .activation import install
     from .cache import default_cache
 
     install(target=args.target)
-    shape = models.MoEShape(**json.loads(args.worker_shape))
     cache = default_cache()
-    dispatcher = _dispatcher(shape, args.max_num_tokens, args.functional)
+    dispatcher = _dispatcher(models.MoEShape(**json.loads(args.worker_shape)), args.max_num_tokens, args.functional) \
+        if args.worker_shape else None
+    dense = prewarm_dense.dispatcher(models.DenseShape.from_dict(json.loads(args.worker_dense))) if args.worker_dense else None
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         if not line.strip():
             continue
-        recipe = [int(v) for v in line.split()]
-        m = recipe[-1]
+        job = json.loads(line)
+        recipe = [int(v) for v in job.get("moe", ())]
+        m = recipe[-1] if recipe else int(job["dense"]["m"])
         before = len(cache.events)
         t0 = time.perf_counter()
         error = None
         records: list[dict[str, Any]] = []
         try:
-            if args.functional:
+            if "dense" in job:
+                prewarm_dense.run(dense, job["dense"])
+            elif args.functional:
                 from .flashinfer_sites import functional as fpath
 
                 records = fpath.replay(dispatcher.run, tuple(recipe))
@@ -224,7 +244,7 @@ class _Worker:
     def send(self, k: Kernel) -> None:
         self.current = k
         assert self.proc.stdin is not None
-        self.proc.stdin.write(" ".join(map(str, k.recipe or (k.ms[0],))) + "\n")
+        self.proc.stdin.write(json.dumps(k.job()) + "\n")
         self.proc.stdin.flush()
 
     def close(self) -> None:
@@ -238,11 +258,15 @@ class _Worker:
 WorkerPool = tuple[list[_Worker], "queue.Queue[tuple[_Worker, dict[str, Any] | None]]"]
 
 
-def start_workers(shape: Any, args: argparse.Namespace, n: int) -> WorkerPool:
+def start_workers(shape: Any, args: argparse.Namespace, n: int, dense: Any = None) -> WorkerPool:
     """Start ``n`` compile workers now. prewarm starts them before it plans, so their own start
-    (a Python interpreter importing flashinfer, seconds each) overlaps the planning."""
-    cmd = [sys.executable, "-m", "cute_diskcache.prewarm", "--worker", "--worker-shape", json.dumps(shape.as_dict()),
-           "--max-num-tokens", str(args.max_num_tokens)]
+    (a Python interpreter importing flashinfer, seconds each) overlaps the planning.
+    ``shape``: the MoE shape (or None); ``dense``: the dense layers (or None)."""
+    cmd = [sys.executable, "-m", "cute_diskcache.prewarm", "--worker", "--max-num-tokens", str(args.max_num_tokens)]
+    if shape is not None:
+        cmd += ["--worker-shape", json.dumps(shape.as_dict())]
+    if dense is not None:
+        cmd += ["--worker-dense", json.dumps(dense.as_dict())]
     if args.functional:
         cmd.append("--functional")
     if args.target:
@@ -252,14 +276,14 @@ def start_workers(shape: Any, args: argparse.Namespace, n: int) -> WorkerPool:
 
 
 def compile_missing(kernels: list[Kernel], shape: Any, args: argparse.Namespace, progress: Any,
-                    pool: WorkerPool | None = None) -> None:
+                    pool: WorkerPool | None = None, dense: Any = None) -> None:
     """Compile ``kernels`` in ``args.jobs`` worker processes, longest first, as workers free up.
 
     ``pool``: workers started earlier (:func:`start_workers`); those beyond what is needed are
     closed at once.
     """
     todo = sorted(kernels, key=lambda k: -_cost(k.kind))
-    workers, events = pool if pool is not None else start_workers(shape, args, min(args.jobs, len(todo)))
+    workers, events = pool if pool is not None else start_workers(shape, args, min(args.jobs, len(todo)), dense)
     closed: set[int] = set()
     for w in workers[len(todo):]:  # more started than there is work for (all of them when nothing is missing)
         w.close()
@@ -304,8 +328,8 @@ def compile_missing(kernels: list[Kernel], shape: Any, args: argparse.Namespace,
                     k.bytes = _entry_size(store.entry_dir(k.key))
             w.current = None
             progress.update(1)
-        while todo and todo[0].digest in compiled_here and not todo[0].native:
-            done = todo.pop(0)  # already compiled on the way to another kernel
+        for done in [t for t in todo if t.digest in compiled_here and not t.native]:
+            todo.remove(done)  # already compiled on the way to another kernel
             done.status, done.seconds = "compiled", compiled_here[done.digest]
             if done.key is not None:
                 done.bytes = _entry_size(store.entry_dir(done.key))
@@ -332,10 +356,10 @@ def _stop(pool: WorkerPool | None) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _summary(kernels: dict[str, Kernel], wall: float) -> dict[str, Any]:
-    by = lambda s: [k for k in kernels.values() if k.status == s]  # noqa: E731
+def _counts(kernels: list[Kernel]) -> dict[str, Any]:
+    by = lambda s: [k for k in kernels if k.status == s]  # noqa: E731
     kinds: dict[str, int] = {}
-    for k in kernels.values():
+    for k in kernels:
         kinds[k.kind] = kinds.get(k.kind, 0) + 1
     return {
         "kernels": len(kernels),
@@ -343,16 +367,33 @@ def _summary(kernels: dict[str, Kernel], wall: float) -> dict[str, Any]:
         "already_cached": len(by("cached")),
         "compiled": len(by("compiled")),
         "failed": len(by("failed")),
-        "wall_seconds": round(wall, 2),
         "compile_seconds": round(sum(k.seconds for k in by("compiled")), 2),
-        "bytes": sum(k.bytes for k in kernels.values()),
-        "failures": [{"digest": k.digest, "kind": k.kind, "m": k.ms[0], "error": k.error} for k in by("failed")],
+        "bytes": sum(k.bytes for k in kernels),
     }
 
 
-def _print_table(shape: Any, kernels: dict[str, Kernel], summary: dict[str, Any], dry: bool) -> None:
-    print(f"model {shape.model}: E={shape.num_experts} (local {shape.num_local_experts}) top_k={shape.top_k} "
-          f"hidden={shape.hidden_size} intermediate/rank={shape.intermediate_size} {shape.activation} {shape.quant_mode}")
+def _summary(kernels: dict[str, Kernel], wall: float) -> dict[str, Any]:
+    """Totals, and the MoE and dense kernels apart (``groups``)."""
+    everything = list(kernels.values())
+    return {
+        **_counts(everything),
+        "wall_seconds": round(wall, 2),
+        "groups": {group: _counts([k for k in everything if k.group == group]) for group in ("moe", "dense")},
+        "failures": [{"digest": k.digest, "kind": k.kind, "group": k.group, "m": k.ms[0], "error": k.error}
+                     for k in everything if k.status == "failed"],
+    }
+
+
+def _print_table(shape: Any, dense: Any, kernels: dict[str, Kernel], summary: dict[str, Any], dry: bool,
+                 notes: list[str] = ()) -> None:  # type: ignore[assignment]
+    if shape is not None:
+        print(f"model {shape.model}: E={shape.num_experts} (local {shape.num_local_experts}) top_k={shape.top_k} "
+              f"hidden={shape.hidden_size} intermediate/rank={shape.intermediate_size} {shape.activation} {shape.quant_mode}")
+    if dense is not None:
+        print(f"dense layers ({dense.model}, {dense.quant_mode}, out {dense.out_dtype}): "
+              + ", ".join(f"{lin.name} {lin.n}x{lin.k}" for lin in dense.linears))
+    for note in notes:
+        print(f"  ({note})")
     print(f"{'kind':<15}{'kernels':>8}  first needed at m")
     order = ["micro", "static", "dynamic"]
 
@@ -367,8 +408,15 @@ def _print_table(shape: Any, kernels: dict[str, Kernel], summary: dict[str, Any]
         print(f"{kind:<15}{len(ks):>8}  {ms[0]}..{ms[-1]} ({len(ms)} m)")
     if any(k.native for k in kernels.values()):
         print("(native-*: persisted by flashinfer's own cache, prewarmed through it)")
+    if any(k.group == "dense" for k in kernels.values()):
+        print("(b12x_fp4: the dense layers' kernels; one serves every layer shape and batch size of its tactic)")
     if dry:
         return
+    for group, title in (("moe", "MoE"), ("dense", "dense")):
+        g = summary["groups"][group]
+        if g["kernels"]:
+            print(f"{title + ':':<7}kernels {g['kernels']}  already cached {g['already_cached']}  compiled {g['compiled']}  "
+                  f"failed {g['failed']}  compile {g['compile_seconds']:.1f} s  size {g['bytes'] / 1e6:.1f} MB")
     mb = summary["bytes"] / 1e6
     print(f"\nkernels {summary['kernels']}  already cached {summary['already_cached']}  compiled {summary['compiled']}  "
           f"failed {summary['failed']}  wall {summary['wall_seconds']:.1f} s  compile {summary['compile_seconds']:.1f} s  "
@@ -392,9 +440,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--functional", action="store_true",
                     help="flashinfer >= 0.7.4: the keys of the functional b12x_fused_moe path (and the wrapper without "
                          "CUDA graphs) for every workspace size those m can meet, instead of the CUDA-graph wrapper's")
+    ap.add_argument("--no-dense", dest="dense", action="store_false",
+                    help="skip the model's NVFP4 linear layers (flashinfer's b12x dense GEMM); MoE kernels only")
+    ap.add_argument("--no-autotune", dest="autotune", action="store_false",
+                    help="the engine does not autotune flashinfer (vLLM: enable_flashinfer_autotune=False, -O0): plan "
+                         "only the dense GEMM's default tactics, not every tactic the tuner runs")
     ap.add_argument("--list-models", action="store_true", help="list bundled model configs")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-shape", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-dense", help=argparse.SUPPRESS)
     return ap
 
 
@@ -420,6 +474,30 @@ def target_refusal(name: str | None) -> str | None:
     return None
 
 
+def _shapes(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
+    """(MoE shape or None, dense layers or None, notes) for ``--model``; raises the models'
+    errors when neither can be prewarmed (the MoE path's error first: it is what refuses a
+    checkpoint flashinfer's sm12x kernels cannot run)."""
+    from . import models
+
+    cfg, _where = models.load_config(args.model)
+    moe = dense = None
+    notes: list[str] = []
+    if models.is_moe(cfg) or not args.dense:
+        moe = models.moe_shape(args.model, tp=args.tp, ep=args.ep)
+    if args.dense:
+        try:
+            dense = models.dense_shape(args.model, tp=args.tp)
+        except (models.ModelConfigError, models.UnsupportedModelError) as exc:
+            if moe is None:
+                raise
+            notes.append(f"dense layers not planned: {exc}")
+        if dense is not None and not dense.linears:
+            notes.append("dense layers not planned: the checkpoint leaves every linear layer unquantized")
+            dense = None
+    return moe, dense, notes
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:
@@ -437,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {refusal}", file=sys.stderr)
         return EXIT_UNSUPPORTED
     try:
-        shape = models.moe_shape(args.model, tp=args.tp, ep=args.ep)
+        shape, dense, notes = _shapes(args)
     except (models.ModelConfigError, models.UnsupportedModelError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_UNSUPPORTED
@@ -445,8 +523,11 @@ def main(argv: list[str] | None = None) -> int:
     if max(ms) > args.max_num_tokens:
         print(f"error: m={max(ms)} exceeds --max-num-tokens {args.max_num_tokens}", file=sys.stderr)
         return EXIT_UNSUPPORTED
+    if args.functional and shape is None:
+        print("error: --functional plans the MoE path; this model has no MoE layers", file=sys.stderr)
+        return EXIT_UNSUPPORTED
     if args.verify:
-        return verify(shape, ms, args)
+        return verify(shape, ms, args, dense)
 
     from .activation import install
 
@@ -457,44 +538,63 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_UNSUPPORTED
     t0 = time.perf_counter()
     install(target=args.target)
-    pool = None if args.dry_run else start_workers(shape, args, args.jobs)
+    pool = None if args.dry_run else start_workers(shape, args, args.jobs, dense)
     from tqdm import tqdm
 
+    name = (shape or dense).model
+    kernels: dict[str, Kernel] = {}
     try:
         # Its own line from the start: importing flashinfer takes seconds before the first m.
-        with tqdm(total=None if args.functional else len(ms), desc="planning", unit="m", disable=args.json,
-                  file=sys.stderr, leave=True) as planning_bar:
-            kernels = plan(shape, ms, args.max_num_tokens, args.functional, progress=planning_bar)
+        if shape is not None:
+            with tqdm(total=None if args.functional else len(ms), desc="planning MoE", unit="m", disable=args.json,
+                      file=sys.stderr, leave=True) as planning_bar:
+                kernels.update(plan(shape, ms, args.max_num_tokens, args.functional, progress=planning_bar))
+        if dense is not None:
+            from . import prewarm_dense
+
+            def new_kernel(digest: str, kind: str, key: Any, recipe: dict[str, Any]) -> Kernel:
+                return Kernel(digest, kind, key=key, group="dense", call=recipe)
+
+            with tqdm(total=None, desc="planning dense", unit="call", disable=args.json, file=sys.stderr,
+                      leave=True) as planning_bar:
+                kernels.update(prewarm_dense.plan(dense, ms, args.max_num_tokens, args.autotune, new_kernel,
+                                                  progress=planning_bar))
     except NotImplementedError as exc:  # flashinfer's own refusal, e.g. EP on 0.6.x
         _stop(pool)
-        print(f"error: flashinfer cannot serve {shape.model} this way: {exc}", file=sys.stderr)
+        print(f"error: flashinfer cannot serve {name} this way: {exc}", file=sys.stderr)
         return EXIT_UNSUPPORTED
     if not kernels:
         _stop(pool)
-        print(f"error: flashinfer requested no kernel cute-diskcache covers for {shape.model} "
-              f"(quant {shape.quant_mode}); nothing to prewarm", file=sys.stderr)
+        quant = (shape or dense).quant_mode
+        print(f"error: flashinfer requested no kernel cute-diskcache covers for {name} "
+              f"(quant {quant}); nothing to prewarm", file=sys.stderr)
         return EXIT_UNSUPPORTED
     mark_cached(kernels)
     if not args.dry_run:
         missing = [k for k in kernels.values() if k.status == "planned"]
         with tqdm(total=len(missing), desc="compiling", unit="kernel", disable=args.json or not missing,
                   file=sys.stderr) as bar:
-            compile_missing(missing, shape, args, bar, pool)
+            compile_missing(missing, shape, args, bar, pool, dense)
     summary = _summary(kernels, time.perf_counter() - t0)
-    summary["model"] = shape.as_dict()
+    summary["model"] = shape.as_dict() if shape is not None else None
+    summary["dense_layers"] = dense.as_dict() if dense is not None else None
+    summary["notes"] = notes
     summary["target"] = args.target
     summary["functional"] = args.functional
+    summary["autotune"] = args.autotune
     if args.json:
-        summary["kernel_list"] = [{"digest": k.digest, "kind": k.kind, "ms": k.ms, "status": k.status, "native": k.native,
-                                   "recipe": list(k.recipe)} for k in kernels.values()]
+        summary["kernel_list"] = [{"digest": k.digest, "kind": k.kind, "group": k.group, "ms": k.ms, "status": k.status,
+                                   "native": k.native, "recipe": list(k.recipe) if k.group == "moe" else k.call}
+                                  for k in kernels.values()]
         print(json.dumps(summary, indent=1))
     else:
-        _print_table(shape, kernels, summary, args.dry_run)
+        _print_table(shape, dense, kernels, summary, args.dry_run, notes)
     return EXIT_FAILED if summary["failed"] else 0
 
 
-def verify(shape: Any, ms: list[int], args: argparse.Namespace) -> int:
-    """On the real GPU, in a fresh process: dispatch every m; any compile is a prewarm gap."""
+def verify(shape: Any, ms: list[int], args: argparse.Namespace, dense: Any = None) -> int:
+    """On the real GPU, in a fresh process: dispatch every m (MoE and dense, the dense layers'
+    tuner candidates too); any compile is a prewarm gap."""
     import torch
 
     if args.target or not torch.cuda.is_available():
@@ -504,15 +604,21 @@ def verify(shape: Any, ms: list[int], args: argparse.Namespace) -> int:
     from .cache import default_cache
 
     install()
-    d = _dispatcher(shape, args.max_num_tokens, args.functional)
-    if args.functional:  # every workspace size again, as planning met them
-        from .flashinfer_sites import functional as fpath
+    records = []
+    if shape is not None:
+        d = _dispatcher(shape, args.max_num_tokens, args.functional)
+        if args.functional:  # every workspace size again, as planning met them
+            from .flashinfer_sites import functional as fpath
 
-        records = []
-        for _recipe, _m in fpath.walk(lambda m: records.append(d.run(m)), ms):
+            for _recipe, _m in fpath.walk(lambda m: records.append(d.run(m)), ms):
+                pass
+        else:
+            records = [d.run(m) for m in ms]
+    if dense is not None:
+        from . import prewarm_dense
+
+        for _call in prewarm_dense.calls(prewarm_dense.dispatcher(dense), ms, args.max_num_tokens, args.autotune):
             pass
-    else:
-        records = [d.run(m) for m in ms]
     native = [e for r in records for e in r.get("native", [])]  # flashinfer's own cache (0.6.18+)
     native_compiles = sum(1 for e in native if e["outcome"] == "miss")
     counters = default_cache().counters

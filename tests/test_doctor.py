@@ -21,7 +21,7 @@ from cute_diskcache import doctor
 from cute_diskcache.flashinfer_sites import scan
 
 FI_VERSION = "0.6.15.post1"
-M = scan.MOE_BASE + "/"  # sites are named relative to flashinfer's package
+M = ""  # MoE-package sites keep their name relative to blackwell_sm12x/ (what compat_matrix keys on)
 W4A16_SITES = {f"{M}moe_w4a16_kernel.py:compile_w4a16_{k}" for k in ("gemm", "fused_moe", "activation", "topk_sum")}
 MOE_DISPATCH_SITES = {f"{M}moe_dispatch.py:_get_{k}_kernel" for k in ("static", "micro", "dynamic")}
 B12X_FP4 = "gemm/gemm_base.py:_b12x_gemm_fp4_runner.B12xFp4GemmRunner.forward"
@@ -47,6 +47,8 @@ def test_0_6_15_moe_dispatch_and_b12x_gemm_are_ours_and_w4a16_sites_are_nobodys(
     # cute.compile that neither we nor flashinfer persist: reported as such, not hidden.
     assert {s for s, st in status.items() if st == "nothing"} == W4A16_SITES | {
         "gdn_kernels/delta_rule_dsl/custom_compile_cache.py:cached_compile"}
+    paths = {s["path"] for s in installed_report["sites"] if s["file"] == "moe_dispatch.py"}
+    assert paths == {f"{scan.MOE_BASE}/moe_dispatch.py"}  # and the package-relative path beside it
     assert installed_report["summary"] == {"cute-diskcache": 4, "flashinfer": 0, "nothing": 5}
     assert installed_report["missing_adapter_sites"] == []
     assert installed_report["generation"].startswith("0.6.12-0.6.17")

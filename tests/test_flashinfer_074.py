@@ -388,10 +388,13 @@ def test_doctor_on_074(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> No
     child = Child(tmp_path / "root", tmp_path / "workspace", compile_hook_dir)
     report = json.loads(child.module("cute_diskcache.doctor", "--json").stdout)
     assert report["flashinfer"] == "0.7.4" and report["verified"] is True
-    status = {f"{s['file']}:{s['function']}": s["status"] for s in report["sites"]}
+    # The MoE package's sites (doctor scans all of flashinfer: the rest is checked in
+    # tests/test_flashinfer_074_dense.py).
+    moe = [s for s in report["sites"] if s["path"].startswith("fused_moe/cute_dsl/blackwell_sm12x/")]
+    status = {f"{s['file']}:{s['function']}": s["status"] for s in moe}
     assert report["native_sites"] == "cute-diskcache"
     assert {site for site, st in status.items() if st == "flashinfer"} == set()
-    assert report["summary"]["nothing"] == 0, [s for s, st in status.items() if st == "nothing"]
+    assert [s for s, st in status.items() if st == "nothing"] == []
     ours = {site for site, st in status.items() if st == "cute-diskcache"}
     assert NATIVE_SITES <= ours
     assert {"moe_direct_micro_kernel.py:compile_direct_micro_kernel", "moe_w4a16_compiler.py:compile",
@@ -402,14 +405,12 @@ def test_doctor_on_074(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> No
         f"moe_w4a16_kernel.py:compile_w4a16_{k}" for k in ("gemm", "fused_moe", "activation", "topk_sum")}
     assert report["missing_adapter_sites"] == []
     assert report["root"] == str(child.root) and report["native_cache_dir"].startswith(str(child.workspace))
+    assert len(status) == 19 and set(status.values()) == {"cute-diskcache"}
     text = child.module("cute_diskcache.doctor").stdout
-    assert "cute-diskcache 19  flashinfer 0  nothing 0" in text
     assert "native sites   served by cute-diskcache" in text
     opt_out = Child(child.root, child.workspace, compile_hook_dir, extra_env=OPT_OUT)
     left = json.loads(opt_out.module("cute_diskcache.doctor", "--json").stdout)
     assert left["native_sites"] == "flashinfer"
-    assert {f"{s['file']}:{s['function']}" for s in left["sites"] if s["status"] == "flashinfer"} == NATIVE_SITES
-    assert left["summary"] == {"cute-diskcache": 16, "flashinfer": 3, "nothing": 0}
-    strict = subprocess.run([fi074, "-m", "cute_diskcache.doctor", "--strict"], env=child.env(),
-                            capture_output=True, text=True, timeout=120, cwd=compile_hook_dir)
-    assert strict.returncode == 0, strict.stdout
+    left_moe = [s for s in left["sites"] if s["path"].startswith("fused_moe/cute_dsl/blackwell_sm12x/")]
+    assert {f"{s['file']}:{s['function']}" for s in left_moe if s["status"] == "flashinfer"} == NATIVE_SITES
+    assert {f"{s['file']}:{s['function']}" for s in left_moe if s["status"] == "nothing"} == set()

@@ -45,7 +45,8 @@ def digests(root: Path) -> dict[str, bytes]:
 
 def test_dry_run_lists_the_three_kinds(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    out = summary(prewarm(root, "--model", "qwen3-30b-a3b", "--target", TARGET, "--max-num-tokens", "160", "--dry-run", "--json"))
+    out = summary(prewarm(root, "--model", "qwen3-30b-a3b", "--target", TARGET, "--max-num-tokens", "160", "--dry-run", "--json",
+                          "--no-dense"))
     kinds = out["by_kind"]
     # flashinfer 0.6.15.post1, E128 top-8 k2048 n768: m 1-5 micro (one each), 6-80 static (one
     # each), > 80 one dynamic kernel. "Plausible" bounds so a flashinfer tweak reads as a diff.
@@ -63,7 +64,7 @@ def test_prewarm_then_serving_compiles_nothing(tmp_path: Path, probe: Any) -> No
     root = tmp_path / "root"
     ms = [1, 2, 7]
     out = summary(prewarm(root, "--model", "qwen3-30b-a3b", "--target", TARGET, "--max-num-tokens", "4096",
-                          "--m", ",".join(map(str, ms)), "--jobs", "2", "--json"))
+                          "--m", ",".join(map(str, ms)), "--jobs", "2", "--json", "--no-dense"))
     assert out["failed"] == 0 and out["compiled"] == out["kernels"] == 3, out
     assert out["bytes"] > 0
     # A fresh "engine": flashinfer's real dispatch for exactly those m, as the probe runs it
@@ -73,12 +74,12 @@ def test_prewarm_then_serving_compiles_nothing(tmp_path: Path, probe: Any) -> No
     assert served["counters"]["compiles"] == 0 and served["counters"]["hits"] == 3
     # A second prewarm finds everything cached and compiles nothing.
     again = summary(prewarm(root, "--model", "qwen3-30b-a3b", "--target", TARGET, "--max-num-tokens", "4096",
-                            "--m", ",".join(map(str, ms)), "--json"))
+                            "--m", ",".join(map(str, ms)), "--json", "--no-dense"))
     assert again["already_cached"] == 3 and again["compiled"] == 0
 
 
 def test_jobs_do_not_change_the_entries(tmp_path: Path) -> None:
-    args = ("--model", "qwen3-30b-a3b", "--target", TARGET, "--max-num-tokens", "4096", "--m", "1,2", "--json")
+    args = ("--model", "qwen3-30b-a3b", "--target", TARGET, "--max-num-tokens", "4096", "--m", "1,2", "--json", "--no-dense")
     one = tmp_path / "one" / "root"
     two = tmp_path / "two" / "root"
     one.parent.mkdir()
@@ -158,3 +159,54 @@ def test_parse_ms() -> None:
     assert parse_ms("1-3,8,5,2") == [1, 2, 3, 5, 8]
     with pytest.raises(Exception):
         parse_ms("4-2")
+
+
+def test_dense_layers_are_planned_apart_from_the_moe_kernels(tmp_path: Path) -> None:
+    """0.6.15.post1 has the b12x dense GEMM too: qwen3-30b-a3b's attention projections plan b12x
+    kernels, reported apart; a config without attention fields plans its MoE kernels and says why
+    its dense layers were not planned."""
+    out = summary(prewarm(tmp_path / "root", "--model", "qwen3-30b-a3b", "--target", TARGET, "--max-num-tokens", "64",
+                          "--m", "1,2", "--dry-run", "--json"))
+    assert out["groups"]["moe"]["kernels"] == 2 and out["groups"]["dense"]["kernels"] > 0, out["groups"]
+    assert set(out["groups"]["dense"]["by_kind"]) == {"b12x_fp4"}
+    assert [lin["name"] for lin in out["dense_layers"]["linears"]] == ["qkv_proj", "o_proj"]
+    cfg = tmp_path / "model"
+    cfg.mkdir()
+    (cfg / "config.json").write_text(json.dumps({
+        "model_type": "qwen3_moe", "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+        "hidden_size": 2048, "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"},
+    }))
+    moe_only = summary(prewarm(tmp_path / "root", "--model", str(cfg), "--target", TARGET, "--max-num-tokens", "64",
+                               "--m", "1", "--dry-run", "--json"))
+    assert moe_only["groups"]["dense"]["kernels"] == 0 and "num_attention_heads" in moe_only["notes"][0]
+
+
+@pytest.mark.parametrize("name, tp, expected", [
+    ("llama-3.1-8b-nvfp4", 1, [("qkv_proj", 6144, 4096), ("o_proj", 4096, 4096), ("gate_up_proj", 28672, 4096), ("down_proj", 4096, 14336)]),
+    ("llama-3.1-8b-nvfp4", 8, [("qkv_proj", 768, 4096), ("o_proj", 4096, 512), ("gate_up_proj", 3584, 4096), ("down_proj", 4096, 1792)]),
+    # 4 KV heads over 8 ranks: each rank holds one (replicated), as vLLM shards them
+    ("qwen3-30b-a3b", 8, [("qkv_proj", 768, 2048), ("o_proj", 2048, 512)]),
+])
+def test_dense_shapes_per_rank(name: str, tp: int, expected: list[tuple[str, int, int]]) -> None:
+    from cute_diskcache import models
+
+    shape = models.dense_shape(name, tp=tp)
+    assert [(lin.name, lin.n, lin.k) for lin in shape.linears] == expected
+    assert shape.out_dtype == "bfloat16" and shape.quant_mode == "nvfp4"
+
+
+def test_dense_shapes_pad_to_32_and_skip_what_the_checkpoint_excludes(tmp_path: Path) -> None:
+    from cute_diskcache import models
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 1000, "intermediate_size": 3000, "num_attention_heads": 10,
+        "num_key_value_heads": 2, "head_dim": 100, "torch_dtype": "float16",
+        "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "exclude_modules": ["lm_head", "*.self_attn.o_proj"]},
+    }))
+    shape = models.dense_shape(str(cfg))
+    assert [(lin.name, lin.n, lin.k) for lin in shape.linears] == [
+        ("qkv_proj", 1408, 1024), ("gate_up_proj", 6016, 1024), ("down_proj", 1024, 3008)]
+    assert shape.out_dtype == "float16" and "o_proj" in shape.notes[0]
+    with pytest.raises(models.UnsupportedModelError, match="NVFP4"):
+        models.dense_shape("qwen3-30b-a3b-bf16")

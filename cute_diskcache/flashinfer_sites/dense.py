@@ -100,7 +100,8 @@ class DenseDispatcher:
         a, a_sf = self._activations(m, k)
         b, b_sf = self._weights[index]
         out = torch.empty(m, n, dtype=self.out_dtype, device=self.device)
-        workspace = self._gemm_base._get_stream_cache_buf("mm_fp4_workspace", self._gemm_base.DEFAULT_WORKSPACE_SIZE, a.device)
+        get_buf = getattr(self._gemm_base, "_get_stream_cache_buf", None) or self._gemm_base._get_cache_buf  # 0.6.x: the latter
+        workspace = get_buf("mm_fp4_workspace", self._gemm_base.DEFAULT_WORKSPACE_SIZE, a.device)
         return [a, b.t(), a_sf, b_sf.t(), self._alpha, self.out_dtype, out, 16, True, workspace]
 
     def runner(self) -> Any:

@@ -49,7 +49,7 @@ _COUNTED = re.compile(r"cute\.compile\b|build_and_load_cute_dsl_kernel")
 class Found:
     """One function that compiles: where, how, and (after :func:`classify`) who persists it."""
 
-    file: str  # relative to flashinfer's package directory
+    file: str  # the adapter tables' name: relative to blackwell_sm12x/ inside it ("../b12x_moe.py"), else = path
     function: str  # qualified name inside the file ("<file>": an other-arch file, counted whole)
     line: int
     calls: list[str] = field(default_factory=list)  # "cute.compile", "cute.compile[...]", ...
@@ -60,6 +60,29 @@ class Found:
     arch: str = known.ANY_ARCH  # sm12x | any | other
     arch_reason: str = ""  # what decided it: "path", "code", "no arch named"
     harness: bool = False  # test, benchmark or reference code shipped in the wheel
+    path: str = ""  # relative to flashinfer's package directory
+
+    def __post_init__(self) -> None:
+        if not self.path:  # made from a package-relative name: derive the tables' name
+            self.path = self.file
+            self.file = table_name(self.file)
+
+
+def table_name(path: str) -> str:
+    """The name our adapter tables (and doctor's consumers) give a file: MoE-package files relative
+    to ``blackwell_sm12x/`` (as since 0.6.x), every other file relative to flashinfer's package."""
+    if path.startswith(MOE_BASE + "/"):
+        return path[len(MOE_BASE) + 1:]
+    if path == "fused_moe/cute_dsl/b12x_moe.py":
+        return "../b12x_moe.py"
+    return path
+
+
+def package_path(file: str) -> str:
+    """The package-relative path of an adapter table's file name (the inverse of :func:`table_name`)."""
+    if file.startswith("../"):
+        return os.path.normpath(f"{MOE_BASE}/{file}")
+    return file if "/" in file else f"{MOE_BASE}/{file}"  # the MoE tables name flat files
 
 
 def _module_path(file: str, module: str, level: int) -> str | None:
@@ -200,8 +223,8 @@ class _Scanner(ast.NodeVisitor):
             if not f.native and refs and all(refs) \
                     and len(re.findall(rf"\b{re.escape(simple)}\b", text)) == len(refs) + 1:
                 f.native, f.note = True, "compiled only inside flashinfer's disk-cache builder"
-            f.arch, f.arch_reason = known.site_arch(f.file, self.words.get(f.function.split(".", 1)[0], set()))
-            f.harness = known.harness(f.file, f.function)
+            f.arch, f.arch_reason = known.site_arch(f.path, self.words.get(f.function.split(".", 1)[0], set()))
+            f.harness = known.harness(f.path, f.function)
             out.append(f)
         return out
 
@@ -270,7 +293,7 @@ def _table(version: str, native_ours: bool) -> dict[tuple[str, str], str]:
         moe = v0_6.COVERED
     elif v0_7.applies(version):
         moe = {**v0_7.COVERED, **(v0_7.NATIVE_COVERED if native_ours else {})}
-    table = {(f"{MOE_BASE}/{file}", fn): kind for (file, fn), kind in moe.items()}
+    table = dict(moe)
     if v0_6.applies(version) or v0_7.applies(version):
         table.update(gemm.COVERED)
     if v0_7.applies(version) and native_ours:
@@ -306,7 +329,7 @@ def classify(found: list[Found], version: str, *, native_disabled: bool = False,
         # compat names a site by its file's base name (its tables are per module)
         return (site_checks or {}).get(f"{os.path.basename(file)}:{function}") or [] if unverified else []
 
-    wrapped = {f"{file}:{fn}" for file, fn in table if not problems(file, fn)}
+    wrapped = {f"{package_path(file)}:{fn}" for file, fn in table if not problems(file, fn)}
     own = {f"{file}:{fn}": why for (file, fn), why in known.OWN_CACHES.items()}
     for f in found:
         where = (f.file, f.function)
@@ -333,7 +356,7 @@ def classify(found: list[Found], version: str, *, native_disabled: bool = False,
             f.note = "unverified release, passed through uncached: " + "; ".join(passed_through) + (f"; {f.note}" if f.note else "")
     status = {(f.file, f.function): f for f in found}
     for f in found:
-        target = known.compiled_through(f.file, f.function)
+        target = known.compiled_through(f.path, f.function)
         if target is not None and target in status:
             f.status, f.note = status[target].status, f"compiled only through {target[0]}:{target[1]}"
             if f.status == COVERED_BY_US and f.arch != known.SM12X_ARCH:  # we serve that site's sm12x calls only
@@ -408,7 +431,7 @@ def sites_report(package_dir: Path | None = None, version: str | None = None) ->
         # Adapter sites whose file exists but no longer compiles in that function: renamed
         # or reworked upstream (a file the release does not have yet is not listed).
         "missing_adapter_sites": sorted(f"{file}:{fn}" for file, fn in table
-                                        if (package_dir / file).is_file() and (file, fn) not in present),
+                                        if (package_dir / package_path(file)).is_file() and (file, fn) not in present),
     }
 
 

@@ -1,0 +1,162 @@
+"""Child process for tests/test_flashinfer_074_dense.py: one fresh "engine start" on flashinfer 0.7.4.
+
+Run with the 0.7.4 interpreter, never imported by pytest. It attaches the cache for a target
+profile before flashinfer is imported, then calls flashinfer's own entry points on CPU tensors
+(each launch after a compile or load fails without a GPU; its error is recorded) and prints one
+JSON line: the cache's events and counters and each call's error.
+
+Sites (each one call):
+    b12x_fp4     flashinfer.mm_fp4(..., backend="b12x") with vLLM 0.34's arguments
+    b12x_mxfp8   flashinfer.mm_mxfp8(..., backend="b12x")
+    sm12x_cute   the SM12x CuTe FP4 GEMM runner's compile (flashinfer's natively cached kernel)
+
+``--engine MODEL`` instead serves MODEL the way vLLM 0.34 would, written here independently of
+prewarm: its B12xMoEWrapper (use_cuda_graph=True) for every ``--m``, and for each NVFP4 linear
+layer ``flashinfer.mm_fp4(a, b.t(), a_scale, b_scale.t(), alpha, bf16, use_8x4_sf_layout=False,
+backend="b12x", block_size=16, use_nvfp4=True)`` for every m, plus flashinfer's tuner candidates
+at vLLM's tuning buckets (the b12x runner's valid tactics, each run as the tuner runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Callable
+
+
+def _fp4_operands(m: int, n: int, k: int) -> tuple[Any, ...]:
+    import torch
+
+    pad = lambda v, to: -(-v // to) * to  # noqa: E731
+    fp8 = torch.float8_e4m3fn
+    a = torch.zeros(m, k // 2, dtype=torch.uint8)
+    a_sf = torch.zeros(pad(m, 128), pad(k // 16, 4), dtype=torch.uint8).view(fp8)
+    b = torch.zeros(n, k // 2, dtype=torch.uint8)  # vLLM's layer.weight (n, k/2)
+    b_sf = torch.zeros(pad(n, 128), pad(k // 16, 4), dtype=torch.uint8).view(fp8)
+    return a, b, a_sf, b_sf, torch.ones(1, dtype=torch.float32)
+
+
+def mm_fp4_as_vllm(m: int, n: int, k: int, out_dtype: Any = None) -> Any:
+    """vLLM's flashinfer_scaled_fp4_mm(x_fp4, weight, x_scale, weight_scale, alpha, x.dtype, backend="b12x")."""
+    import flashinfer
+    import torch
+
+    a, b, a_sf, b_sf, alpha = _fp4_operands(m, n, k)
+    return flashinfer.mm_fp4(a, b.t(), a_sf, b_sf.t(), alpha, out_dtype or torch.bfloat16, use_8x4_sf_layout=False,
+                             backend="b12x", block_size=16, use_nvfp4=True)
+
+
+def tuner_candidates(m: int, n: int, k: int) -> int:
+    """What flashinfer's tuner does for one bucket: ask the b12x runner its valid tactics and run each."""
+    import torch
+    from flashinfer.gemm import gemm_base
+
+    a, b, a_sf, b_sf, alpha = _fp4_operands(m, n, k)
+    out = torch.empty(m, n, dtype=torch.bfloat16)
+    workspace = gemm_base._get_stream_cache_buf("mm_fp4_workspace", gemm_base.DEFAULT_WORKSPACE_SIZE, a.device)
+    inputs = [a, b.t(), a_sf, b_sf.t(), alpha, torch.bfloat16, out, 16, True, workspace]
+    runner = gemm_base._b12x_gemm_fp4_runner(12, 0, True, torch.bfloat16, True)
+    tactics = runner.get_valid_tactics(inputs, None)
+    for tactic in tactics:
+        try:
+            runner(inputs=inputs, tactic=tactic)
+        except Exception:  # the launch, without a GPU
+            pass
+    return len(tactics)
+
+
+def mm_mxfp8(m: int, n: int, k: int) -> Any:
+    import flashinfer
+    import torch
+
+    pad = lambda v: -(-v // 128) * 128  # noqa: E731
+    a = torch.zeros(m, k, dtype=torch.float8_e4m3fn)
+    b = torch.zeros(n, k, dtype=torch.float8_e4m3fn).t()
+    return flashinfer.mm_mxfp8(a, b, torch.zeros(pad(m) * (k // 32), dtype=torch.uint8),
+                               torch.zeros(pad(n) * (k // 32), dtype=torch.uint8), out_dtype=torch.bfloat16, backend="b12x")
+
+
+def sm12x_cute(m: int, n: int, k: int) -> Any:
+    from flashinfer.gemm.kernels.sm12x_cute import policy, runner
+
+    tactic = policy.default_tactic(m, n, k, compute_capability=(12, 0))
+    return runner._compile(m, n, k, tactic, compute_capability=(12, 0))
+
+
+def engine(model: str, ms: list[int], max_num_tokens: int) -> dict[str, Any]:
+    """Serve ``model`` for these m the way vLLM 0.34 does: MoE layers, then dense layers."""
+    from flashinfer.fused_moe.utils import get_hybrid_num_tokens_buckets
+
+    from cute_diskcache import models
+    from cute_diskcache.flashinfer_sites import Dispatcher
+
+    out: dict[str, Any] = {"moe_m": 0, "dense_calls": 0, "tuner_tactics": 0}
+    if models.is_moe(models.load_config(model)[0]):
+        s = models.moe_shape(model)
+        d = Dispatcher(s.num_experts, s.top_k, s.hidden_size, s.intermediate_size, max_num_tokens=max_num_tokens,
+                       num_local_experts=s.num_local_experts, activation=s.activation, quant_mode=s.quant_mode)
+        for m in ms:
+            d.run(m)
+            out["moe_m"] += 1
+    dense = models.dense_shape(model)
+    for lin in dense.linears:
+        for m in ms:
+            try:
+                mm_fp4_as_vllm(m, lin.n, lin.k)
+            except Exception:  # the launch, without a GPU
+                pass
+            out["dense_calls"] += 1
+        for bucket in get_hybrid_num_tokens_buckets(max_num_tokens):
+            out["tuner_tactics"] += tuner_candidates(bucket, lin.n, lin.k)
+    return out
+
+
+SITES: dict[str, Callable[[argparse.Namespace], Any]] = {
+    "b12x_fp4": lambda a: mm_fp4_as_vllm(a.m, a.n, a.k),
+    "b12x_fp4_f16": lambda a: mm_fp4_as_vllm(a.m, a.n, a.k, __import__("torch").float16),
+    "b12x_mxfp8": lambda a: mm_mxfp8(a.m, a.n, a.k),
+    "sm12x_cute": lambda a: sm12x_cute(a.m, a.n, a.k),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", default="rtx-pro-6000")
+    ap.add_argument("--m", type=int, default=16)
+    ap.add_argument("--n", type=int, default=2048)
+    ap.add_argument("--k", type=int, default=4096)
+    ap.add_argument("--engine", help="serve this model (bundled name or config path) as vLLM would")
+    ap.add_argument("--ms", default="1,2,3", help="--engine: the batch sizes to serve")
+    ap.add_argument("--max-num-tokens", type=int, default=64)
+    ap.add_argument("sites", nargs="*")
+    args = ap.parse_args(argv)
+
+    import cute_diskcache
+
+    cute_diskcache.install(target=args.target)
+    import flashinfer  # noqa: F401
+    from flashinfer.cute_dsl.utils import current_cuda_stream
+
+    current_cuda_stream()  # flashinfer's one-off torch._dynamo import, outside the timings
+
+    from cute_diskcache.cache import default_cache
+
+    sites: dict[str, Any] = {}
+    for name in args.sites:
+        t = time.perf_counter()
+        try:
+            SITES[name](args)
+            error = None
+        except Exception as exc:  # the launch without a GPU: expected, recorded
+            error = f"{type(exc).__name__}: {str(exc)[:4000]}"
+        sites[name] = {"seconds": time.perf_counter() - t, "error": error}
+    served = engine(args.engine, [int(v) for v in args.ms.split(",")], args.max_num_tokens) if args.engine else None
+    print(json.dumps({"sites": sites, "engine": served, "events": default_cache().events,
+                      "counters": cute_diskcache.counters()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,276 @@
+"""flashinfer 0.7.4's sm12x kernels outside the MoE package, for real, in fresh child processes.
+
+* The b12x dense GEMMs (``mm_fp4``/``mm_mxfp8`` with ``backend="b12x"``), which flashinfer
+  compiles in memory only, and the SM12x CuTe FP4 GEMM, which flashinfer caches natively keyed
+  on torch's build: a cold process compiles each once into our cache, a fresh one compiles
+  nothing (counted independently by conftest's ``sitecustomize``) and its kernels take
+  flashinfer's arguments as the compiled ones did.
+* Dense prewarm: ``prewarm`` of qwen3-30b-a3b (MoE + attention) and of the bundled dense
+  llama-3.1-8b-nvfp4, then an "engine" child serving the same batch sizes the way vLLM 0.34 does
+  (``tests/fi074_dense_driver.py --engine``, written independently of prewarm): zero compiles.
+* ``doctor`` on the real 0.7.4: every sm12x site and who persists it.
+* vLLM 0.34's own source still calls flashinfer the way the dense planning assumes.
+
+Same interpreter and conventions as tests/test_flashinfer_074.py (``CUTE_DISKCACHE_FI074_PYTHON``,
+``rtx-pro-6000`` profile). About two and a half minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_flashinfer_074 import FI074, OPT_OUT, TARGET, Child, _json_report, _manifests, _native_objects, _run, fi074  # noqa: E402,F401
+
+pytestmark = [
+    pytest.mark.skipif(FI074 == "off", reason="CUTE_DISKCACHE_FI074_PYTHON=off: flashinfer 0.7.4 tests skipped"),
+    pytest.mark.slow,
+]
+DRIVER = Path(__file__).resolve().parent / "fi074_dense_driver.py"
+SITES = {"b12x_fp4": "flashinfer.gemm.b12x_fp4", "b12x_mxfp8": "flashinfer.gemm.b12x_mxfp8",
+         "sm12x_cute": "flashinfer.native.sm12x_cute"}
+B12X = ("b12x_fp4", "b12x_mxfp8")
+
+
+def drive(child: Child, *sites: str, args: tuple[str, ...] = ()) -> dict[str, Any]:
+    cmd = [str(FI074), str(DRIVER), "--target", TARGET, *args, *sites]
+    return _json_report(_run(cmd, child.env(), child.hook_dir))
+
+
+def by_site(report: dict[str, Any]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for site, _digest, outcome, *_ in report["events"]:
+        out.setdefault(site, []).append(outcome)
+    return out
+
+
+@pytest.fixture(scope="module")
+def shared(fi074: str, tmp_path_factory: pytest.TempPathFactory, compile_hook_dir: Path) -> dict[str, Any]:
+    base = tmp_path_factory.mktemp("fi074-dense")
+    child = Child(base / "root", base / "workspace", compile_hook_dir)
+    cold = drive(child, *SITES)
+    warm = drive(child, *SITES)
+    return {"child": child, "cold": cold, "warm": warm}
+
+
+def test_each_site_compiles_once_cold_and_nothing_in_a_fresh_process(shared: dict[str, Any]) -> None:
+    cold, warm = shared["cold"], shared["warm"]
+    assert by_site(cold) == {site: ["miss"] for site in SITES.values()}, cold["events"]
+    assert cold["real_compiles"] == len(SITES) and cold["counters"]["writes"] == len(SITES)
+    assert by_site(warm) == {site: ["hit"] for site in SITES.values()}, warm["events"]
+    assert warm["real_compiles"] == 0 and warm["counters"]["compiles"] == 0, warm["stderr"][-3000:]
+    # flashinfer's own cache was neither read nor written for its natively cached sm12x kernel.
+    assert _native_objects(shared["child"].workspace) == {}
+    assert not list(shared["child"].workspace.rglob("cached_ops/*sm12x*"))
+
+
+def test_warm_kernels_take_flashinfers_arguments_like_the_compiled_ones(shared: dict[str, Any]) -> None:
+    """flashinfer calls the b12x kernel without its three optional trailing arguments; a kernel
+    loaded from disk is positional-only unless we give it the compiled one's calling convention.
+    Without a GPU the launch fails in the kernel's argument check, after binding: the same error
+    cold and warm says the loaded kernel accepted the call as the compiled one did."""
+    cold, warm = shared["cold"]["sites"], shared["warm"]["sites"]
+    for name in B12X:
+        assert "expected device_type=cuda" in cold[name]["error"], cold[name]["error"]
+        assert warm[name]["error"] == cold[name]["error"], (name, warm[name]["error"])
+    assert cold["sm12x_cute"]["error"] is None and warm["sm12x_cute"]["error"] is None  # compile only, no launch
+
+
+def test_b12x_key_is_flashinfers_plus_what_it_leaves_out(shared: dict[str, Any]) -> None:
+    manifests = _manifests(shared["child"].root)
+    for name in B12X:
+        m = manifests[SITES[name]]
+        assert m["namespace"].startswith("flashinfer-gemm-0.7.4-sm_120a-"), m["namespace"]
+        key = m["key_repr"]
+        assert key.startswith("('b12x', (32, (") or key.startswith("('b12x', (16, ("), key  # flashinfer's cache_key first
+        assert "('max_active_clusters', 188)" in key and "dense_blockscaled_gemm_sm120_b12x." in key, key
+        assert "('dynamic', ('sf_k', 'sf_m', 'sf_n'))" in key and "batch_size" in key, key
+        assert m["extra"]["calling_convention"]["arg_defaults"] == [None, None, None], m["extra"]
+    native = manifests[SITES["sm12x_cute"]]
+    assert native["key_repr"].startswith("('native', ") and "torch" not in json.dumps(native["env"])
+
+
+def test_other_layer_shapes_share_the_kernel_and_another_dtype_does_not(shared: dict[str, Any]) -> None:
+    """n and k are runtime arguments of one b12x kernel (flashinfer's in-process key has neither):
+    another layer's shape hits it; the output dtype is in the key: a miss."""
+    child: Child = shared["child"]
+    other = drive(child, "b12x_fp4", args=("--n", "6144", "--k", "2048", "--m", "16"))
+    assert by_site(other) == {SITES["b12x_fp4"]: ["hit"]} and other["real_compiles"] == 0, other["events"]
+    f16 = drive(child, "b12x_fp4_f16")
+    assert by_site(f16) == {SITES["b12x_fp4"]: ["miss"]} and f16["real_compiles"] == 1, f16["events"]
+
+
+def test_natively_cached_sm12x_kernel_is_flashinfers_with_the_opt_out(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> None:
+    child = Child(tmp_path / "root", tmp_path / "workspace", compile_hook_dir, extra_env=OPT_OUT)
+    left = drive(child, "sm12x_cute")
+    assert left["events"] == [] and left["real_compiles"] == 1
+    assert any("sm12x" in p or "independent" in p for p in map(str, child.workspace.rglob("cached_ops/*/*"))), \
+        list(child.workspace.rglob("*"))
+    assert not list(child.root.glob("v1/*/*/*/manifest.msgpack"))
+
+
+# --------------------------------------------------------------------------------------------
+# Prewarm, then an engine start that compiles nothing
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model, groups", [("qwen3-30b-a3b", ("moe", "dense")), ("llama-3.1-8b-nvfp4", ("dense",))])
+def test_prewarm_then_the_engine_compiles_nothing(fi074: str, tmp_path: Path, compile_hook_dir: Path, model: str,
+                                                  groups: tuple[str, ...]) -> None:
+    child = Child(tmp_path / "root", tmp_path / "workspace", compile_hook_dir)
+    ms, max_tokens = "1,2,3", "64"
+    done = json.loads(child.module("cute_diskcache.prewarm", "--model", model, "--target", TARGET, "--m", ms,
+                                   "--max-num-tokens", max_tokens, "--jobs", "2", "--json").stdout)
+    assert done["failed"] == 0 and done["compiled"] == done["kernels"] > 0, done
+    for group in ("moe", "dense"):  # reported apart
+        assert (done["groups"][group]["kernels"] > 0) == (group in groups), done["groups"]
+    assert set(done["groups"]["dense"]["by_kind"]) == {"b12x_fp4"}
+    served = drive(child, args=("--engine", model, "--ms", ms, "--max-num-tokens", max_tokens))
+    engine = served["engine"]
+    assert engine["dense_calls"] > 0 and engine["tuner_tactics"] > 0 and (engine["moe_m"] > 0) == ("moe" in groups)
+    assert served["real_compiles"] == 0, served["stderr"][-3000:]
+    assert served["counters"]["compiles"] == 0 and served["counters"]["hits"] == done["kernels"], served["counters"]
+    again = json.loads(child.module("cute_diskcache.prewarm", "--model", model, "--target", TARGET, "--m", ms,
+                                    "--max-num-tokens", max_tokens, "--json").stdout)
+    assert again["already_cached"] == done["kernels"] and again["compiled"] == 0
+
+
+def test_prewarm_without_autotune_plans_the_default_tactics_only(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> None:
+    child = Child(tmp_path / "root", tmp_path / "workspace", compile_hook_dir)
+    args = ("cute_diskcache.prewarm", "--model", "llama-3.1-8b-nvfp4", "--target", TARGET, "--m", "1,2,3",
+            "--max-num-tokens", "64", "--dry-run", "--json")
+    tuned = json.loads(child.module(*args).stdout)
+    plain = json.loads(child.module(*args, "--no-autotune").stdout)
+    assert 0 < plain["kernels"] < tuned["kernels"], (plain["kernels"], tuned["kernels"])
+    assert {k["digest"] for k in plain["kernel_list"]} < {k["digest"] for k in tuned["kernel_list"]}
+
+
+# --------------------------------------------------------------------------------------------
+# doctor on the real 0.7.4
+# --------------------------------------------------------------------------------------------
+
+#: sm12x sites nobody persists in 0.7.4 (issue 13's report lists why): a change here is news.
+UNCOVERED_074 = {
+    "cute_dsl/sparse/bsa_attn_sm120.py:bsa_attn_sm120_blk64_fwd",
+    "cute_dsl/sparse/bsa_attn_sm120.py:bsa_attn_sm120_blk64_sage_fwd",
+    "fused_moe/backends/frost_low_latency/tc/deepseek_fp8.py:execute",
+    "fused_moe/backends/frost_low_latency/tc/runtime.py:execute",
+    "gdn_kernels/delta_rule_dsl/custom_compile_cache.py:cached_compile",
+    "gdn_kernels/experimental/kernel/gdn_fused_decode_cutedsl_sm120_pdl.py:execute",
+    "gemm/gemm_bf16_fp4_cute_dsl.py:_get_cute_dsl_bf16_fp4_gemm",
+    "gemm/gemm_bf16_fp4_cute_dsl.py:_get_cute_dsl_bf16_fp4_gemv",
+    "kda_kernels/sm120_prefill/decomp.py:launch_prepare_device",
+    "kda_kernels/sm120_prefill/decomp.py:launch_recurrence_device",
+    "kda_kernels/sm120_prefill/decomp.py:launch_fwd._compile",
+    "kda_kernels/sm120_prefill/fused.py:prepare_launch._compile",
+    "moe_ep/kernel_src/sm120/split_cutedsl_megakernel/shim/runtime.py:MegaMoESm120W4A8Frontend._ensure_compiled",
+    *(f"moe_ep/kernel_src/sm120/split_cutedsl_megakernel/src/moe_sm120_mxfp4mxfp8_split/kernel_combine_reduce.py:compile_{k}"
+      for k in ("topk_reduce", "gated_topk_reduce", "persistent_topk_reduce")),
+    "moe_ep/kernel_src/sm120/split_cutedsl_megakernel/src/moe_sm120_mxfp4mxfp8_split/kernel_rank_local_combine.py:compile_rank_local_combine",
+    "moe_ep/kernel_src/sm120/swapab_cutedsl_megakernel/shim/mxfp8.py:MegaMoESm120Mxfp8Frontend._ensure_mega_compiled",
+    "moe_ep/kernel_src/sm120/swapab_cutedsl_megakernel/src/moe_nvfp4_swapab/megamoe_kernel.py:Sm100MegaMoEKernel.aot_compile",
+    "moe_ep/kernel_src/sm120/swapab_cutedsl_megakernel/src/moe_sm120_mxfp8_swapab/topk_reduce.py:compile_topk_reduce",
+    "msa_ops/proxy_score.py:msa_proxy_score",
+    "msa_ops/proxy_score.py:msa_proxy_score_fp4",
+    "msa_ops/sparse_decode.py:_get_compiled_combine",
+    "msa_ops/sparse_decode.py:msa_sparse_decode_attention",
+    "msa_ops/sparse_prefill.py:_get_compiled_union",
+    "msa_ops/sparse_prefill.py:_msa_sparse_prefill",
+    "msa_ops/sparse_topk_select.py:_get_compiled_topk",
+}
+
+
+def test_doctor_lists_every_sm12x_site_of_074(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> None:
+    child = Child(tmp_path / "root", tmp_path / "workspace", compile_hook_dir)
+    report = json.loads(child.module("cute_diskcache.doctor", "--json").stdout)
+    sm12x = {f"{s['path']}:{s['function']}": s["status"] for s in report["sites"] if s["arch"] == "sm12x" and not s["harness"]}
+    ours = {site for site, st in sm12x.items() if st == "cute-diskcache"}
+    assert {"gemm/gemm_base.py:_b12x_gemm_fp4_runner.B12xFp4GemmRunner.forward",
+            "gemm/gemm_mm_mxfp8_cute_dsl.py:_b12x_gemm_mxfp8_runner.B12xMxfp8GemmRunner.forward",
+            "gemm/kernels/sm12x_cute/runner.py:_compile",
+            "cute_dsl/attention/fmha/sm120/compile.py:compile_sm120_fmha_fp8_ragged_kernel",
+            "kda_kernels/sm120_prefill/runtime.py:build_kernel"} <= ours
+    frost = {site for site in sm12x if "/cudnn_frost/artifacts/" in site}
+    assert len(frost) == 18 and frost <= ours  # compiled through the runtime's native builder, which we serve
+    assert {site for site, st in sm12x.items() if st == "nothing"} == UNCOVERED_074
+    assert report["summary"] == {"cute-diskcache": len(ours), "flashinfer": sum(st == "flashinfer" for st in sm12x.values()),
+                                 "nothing": len(UNCOVERED_074)}
+    assert report["missing_adapter_sites"] == [] and report["groups"]["other"]["nothing"] > 0
+    strict = subprocess.run([fi074, "-m", "cute_diskcache.doctor", "--strict"], env=child.env(),
+                            capture_output=True, text=True, timeout=120, cwd=compile_hook_dir)
+    assert strict.returncode == 1 and f"nothing {len(UNCOVERED_074)}" in strict.stdout
+    left = json.loads(Child(child.root, child.workspace, compile_hook_dir, extra_env=OPT_OUT)
+                      .module("cute_diskcache.doctor", "--json").stdout)
+    left_status = {f"{s['path']}:{s['function']}": s["status"] for s in left["sites"]}
+    assert left_status["gemm/kernels/sm12x_cute/runner.py:_compile"] == "flashinfer"
+    assert left_status["gemm/gemm_base.py:_b12x_gemm_fp4_runner.B12xFp4GemmRunner.forward"] == "cute-diskcache"
+
+
+# --------------------------------------------------------------------------------------------
+# vLLM 0.34's source: the calls dense planning reproduces
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vllm_src() -> Path:
+    if os.environ.get("CUTE_DISKCACHE_VLLM") == "off":
+        pytest.skip("CUTE_DISKCACHE_VLLM=off: vLLM tests skipped")
+    from _compat import SCRATCH, matrix
+
+    python = matrix().vllm_venv(SCRATCH)
+    proc = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('vllm').submodule_search_locations[0])"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return Path(proc.stdout.strip())
+
+
+def _function(path: Path, name: str) -> ast.FunctionDef:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node
+    raise AssertionError(f"{name} not in {path}")
+
+
+def _calls(node: ast.AST, name: str) -> list[ast.Call]:
+    return [n for n in ast.walk(node) if isinstance(n, ast.Call)
+            and (getattr(n.func, "id", None) == name or getattr(n.func, "attr", None) == name)]
+
+
+def test_vllm_034_calls_flashinfer_as_dense_planning_assumes(vllm_src: Path) -> None:
+    linear = vllm_src / "model_executor" / "kernels" / "linear" / "nvfp4" / "flashinfer.py"
+    tree = ast.parse(linear.read_text())
+    b12x = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "FlashInferB12xNvFp4LinearKernel")
+    apply = next(n for n in b12x.body if isinstance(n, ast.FunctionDef) and n.name == "apply_weights")
+    (mm,) = _calls(apply, "flashinfer_scaled_fp4_mm")
+    assert [ast.unparse(a) for a in mm.args] == ["x_fp4", "layer.weight", "x_blockscale", "layer.weight_scale", "layer.alpha",
+                                                "output_dtype"]
+    assert {k.arg: ast.unparse(k.value) for k in mm.keywords} == {"backend": "'b12x'"}
+    prepare = next(n for n in b12x.body if isinstance(n, ast.FunctionDef) and n.name == "process_weights_after_loading")
+    assert [ast.unparse(c) for c in _calls(prepare, "pad_nvfp4_weight_for_cutlass")] == ["pad_nvfp4_weight_for_cutlass(layer.weight.data)"]
+    utils = vllm_src / "utils" / "flashinfer.py"
+    scaled = _function(utils, "flashinfer_scaled_fp4_mm")
+    (call,) = _calls(scaled, "flashinfer_mm_fp4")
+    assert [ast.unparse(a) for a in call.args] == ["a", "b.t()", "block_scale_a", "block_scale_b.t()", "alpha", "out_dtype"]
+    assert {k.arg: ast.unparse(k.value) for k in call.keywords} == {
+        "use_8x4_sf_layout": "use_8x4_sf_layout", "backend": "backend", "block_size": "block_size", "use_nvfp4": "use_nvfp4"}
+    # ... which is vLLM's custom op around flashinfer.mm_fp4: no out, flashinfer's default enable_pdl.
+    inner = _function(utils, "_flashinfer_mm_fp4")
+    assert any(isinstance(n, ast.ImportFrom) and n.module == "flashinfer" and [(a.name, a.asname) for a in n.names]
+               == [("mm_fp4", "flashinfer_mm_fp4_")] for n in ast.walk(inner))
+    (fi,) = _calls(inner, "flashinfer_mm_fp4_")
+    assert [ast.unparse(a) for a in fi.args] == ["A", "B", "A_scale", "B_scale", "g_scale", "dtype"]
+    assert sorted(k.arg for k in fi.keywords) == ["backend", "block_size", "use_8x4_sf_layout", "use_nvfp4"]
+    text = utils.read_text()
+    assert '"flashinfer.fused_moe.utils", "get_hybrid_num_tokens_buckets"' in text
+    pad = _function(vllm_src / "model_executor" / "layers" / "quantization" / "utils" / "nvfp4_utils.py", "pad_nvfp4_weight_for_cutlass")
+    assert ast.unparse(pad.args.defaults[-1]) == "32"
+    warmup = (vllm_src / "model_executor" / "warmup" / "kernel_warmup.py").read_text()
+    assert "flashinfer_get_hybrid_num_tokens_buckets(" in warmup and "has_device_capability(90)" in warmup
