@@ -9,6 +9,8 @@ Sites (each one call):
     b12x_fp4     flashinfer.mm_fp4(..., backend="b12x") with vLLM 0.34's arguments
     b12x_mxfp8   flashinfer.mm_mxfp8(..., backend="b12x")
     sm12x_cute   the SM12x CuTe FP4 GEMM runner's compile (flashinfer's natively cached kernel)
+    fmha_ragged  the SM120 FP8 FMHA's compiles (natively cached too), ragged and paged
+    fmha_paged
 
 ``--engine MODEL`` instead serves MODEL the way vLLM 0.34 would, written here independently of
 prewarm: its B12xMoEWrapper (use_cuda_graph=True) for every ``--m``, and for each NVFP4 linear
@@ -113,11 +115,24 @@ def engine(model: str, ms: list[int], max_num_tokens: int) -> dict[str, Any]:
     return out
 
 
+def fmha(kind: str) -> Any:
+    """The SM120 FP8 FMHA's compile (flashinfer's natively cached kernel): 32 q / 8 kv heads, d=128, causal."""
+    import torch
+    from flashinfer.cute_dsl.attention.fmha.sm120 import compile as fmha_compile
+
+    args = (torch.float8_e4m3fn, torch.bfloat16, 32, 8, 128, True, 64, 128)
+    if kind == "ragged":
+        return fmha_compile.compile_sm120_fmha_fp8_ragged_kernel(*args, torch.device("cpu"))
+    return fmha_compile.compile_sm120_fmha_fp8_paged_kernel(*args, 16, torch.device("cpu"))
+
+
 SITES: dict[str, Callable[[argparse.Namespace], Any]] = {
     "b12x_fp4": lambda a: mm_fp4_as_vllm(a.m, a.n, a.k),
     "b12x_fp4_f16": lambda a: mm_fp4_as_vllm(a.m, a.n, a.k, __import__("torch").float16),
     "b12x_mxfp8": lambda a: mm_mxfp8(a.m, a.n, a.k),
     "sm12x_cute": lambda a: sm12x_cute(a.m, a.n, a.k),
+    "fmha_ragged": lambda a: fmha("ragged"),
+    "fmha_paged": lambda a: fmha("paged"),
 }
 
 

@@ -8,7 +8,7 @@ One module per flashinfer generation:
   flashinfer compiles in memory only (:mod:`.gemm_offline`: what their public API asks of a
   card that is not in the machine).
 * :mod:`.native` - 0.6.18+: flashinfer's other natively cached sm12x kernels (SM12x CuTe FP4
-  GEMM, SM120 FMHA and KDA prefill, cuDNN-Frost's sm_120a sources), served like moe_dispatch's.
+  GEMM, SM120 FMHA), served like moe_dispatch's.
 * :mod:`.v0_7` - 0.6.18 to 0.7.x: flashinfer persists those three itself, keyed on torch's
   build; we serve them from our cache instead (``CUTE_DISKCACHE_NATIVE_SITES=flashinfer`` leaves
   them to flashinfer; either way one kernel never has two caches), and cover the sites it still

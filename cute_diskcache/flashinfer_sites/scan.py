@@ -348,6 +348,8 @@ def classify(found: list[Found], version: str, *, native_disabled: bool = False,
             f.status = NOTHING if native_disabled else NATIVE
             if native_disabled:
                 f.note = "flashinfer's native cache is off (FLASHINFER_CUTE_DSL_DISABLE_CACHE=1)"
+            elif where in native.NOT_SERVED:
+                f.note = f"flashinfer's native cache (keyed with torch's build); not served from ours: {native.NOT_SERVED[where]}"
         elif f.via is not None and f.via in wrapped:
             f.status, f.note = COVERED_BY_US, f"through {f.via}"
         else:
