@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _helpers import make_artifact, make_key  # noqa: E402
 
-from cute_diskcache import eviction  # noqa: E402
+from cute_diskcache import eviction, housekeeping  # noqa: E402
 from cute_diskcache.store import Store  # noqa: E402
 
 
@@ -44,7 +44,7 @@ def _fill(root: Path, n: int) -> Store:
             store.commit(make_key(site_key=("fill", i)), make_artifact((bytes([i % 250 + 1]) * 20_000,)))
     finally:
         os.fsync = real_fsync
-    eviction.reconcile(root)
+    housekeeping.reconcile(root)
     os.sync()  # the fill's dirty pages must not be flushed by the first measured fsyncs
     return store
 

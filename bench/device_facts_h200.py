@@ -30,16 +30,17 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_harness as harness  # noqa: E402
+
 N = 4096
 THREADS = 128
 WRONG_SMEM = 102400  # an SM120 card's MAX_SHARED_MEMORY_PER_MULTIPROCESSOR; the H200 has 233472
-RESULT = "RESULT "
 
 
 def child(args: argparse.Namespace) -> dict[str, Any]:
@@ -53,7 +54,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     if args.profile != "none":
         changes = tuple((k, int(v)) for k, v in (s.split("=", 1) for s in args.set))
         targets.apply(dataclasses.replace(targets.get(args.profile), attributes=changes))
-        targets.apply_driver_attributes()
+        from cute_diskcache import devicefacts
+
+        devicefacts.install_hook()  # the DSL's driver attribute queries answered from the profile
 
     import cutlass
     import cutlass.cute as cute
@@ -101,12 +104,13 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 def run_child(cache: Path, *extra: str) -> tuple[dict[str, Any], list[str]]:
     env = dict(os.environ)
     env.pop("CUTE_DISKCACHE_TARGET", None)
-    proc = subprocess.run([sys.executable, __file__, "child", "--cache", str(cache), *extra], env=env, capture_output=True, text=True, timeout=600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"child failed ({proc.returncode}): {proc.stderr[-4000:]}")
-    warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("LOG WARNING")]
-    return json.loads(lines[-1][len(RESULT):]), warnings
+    res = harness.spawn(__file__, ["child", "--cache", str(cache), *extra], env=env, timeout=600, stderr_tail=1 << 20)
+    if "error" in res or res["exit_code"] != 0:
+        raise SystemExit(f"child failed ({res.get('error') or res['exit_code']}): {res['stderr_tail'][-4000:]}")
+    warnings = [ln for ln in res.pop("stderr_tail").splitlines() if ln.startswith("LOG WARNING")]
+    for k in ("wall_s", "exit_code"):
+        res.pop(k)
+    return res, warnings
 
 
 def offline(args: argparse.Namespace) -> None:
@@ -186,7 +190,7 @@ def main() -> None:
     d.add_argument("--offline", required=True)
     args = ap.parse_args()
     if args.mode == "child":
-        print(RESULT + json.dumps(child(args)))
+        harness.emit(child(args))
     elif args.mode == "offline":
         offline(args)
     else:

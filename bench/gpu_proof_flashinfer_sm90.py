@@ -21,7 +21,7 @@ Modes:
 
 ``offline-build`` (CPU box, no GPU)
     ``targets.apply("h200")`` before the module is loaded, the profile's driver attributes,
-    ``targets.cuda_presenting`` on the module's ``from_dlpack`` (CPU tensors go in as CUDA
+    ``flashinfer_sites.offline.cuda_presenting`` on the module's ``from_dlpack`` (CPU tensors go in as CUDA
     ones), then flashinfer's call with CPU tensors; the compile is persisted and the launch
     skipped. ``--no-present`` leaves ``from_dlpack`` alone: the control that shows why the
     presenting is needed. ``--variant plain-pinned`` pins the host target (see
@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import hashlib
 import importlib.util
 import json
 import logging
@@ -78,14 +77,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-os.environ.setdefault("CUTE_DSL_DISABLE_FILE_CACHING", "1")  # cold means cold (see gpu_proof_sm90)
-
-# The GEMM proof's helpers: entry comparison, ELF sections, device facts, versions.
-_spec = importlib.util.spec_from_file_location("gpu_proof_sm90", Path(__file__).with_name("gpu_proof_sm90.py"))
-assert _spec is not None and _spec.loader is not None
-g = importlib.util.module_from_spec(_spec)
-sys.modules["gpu_proof_sm90"] = g
-_spec.loader.exec_module(g)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_harness as g  # noqa: E402  (entry comparison, ELF sections, device facts, versions; cold means cold)
 
 log = logging.getLogger("gpu_proof_flashinfer_sm90")
 
@@ -94,7 +87,6 @@ KERNEL_FILE = "gdn_kernels/gdn_decode_pretranspose.py"
 #: Qwen3-Next-like GDN decode: 16 q/k heads, 32 v heads, head dims 128, one token, fp32 state.
 B, T, H, HV, K, V = 64, 1, 16, 32, 128, 128
 SEED = 20261203
-RESULT_PREFIX = "RESULT "
 PROFILE = "h200"
 #: ``tvm``: flashinfer's own options (``--enable-tvm-ffi``). ``plain-pinned``: the same call with
 #: flashinfer's options replaced by a pinned host target, exported through ``dump_to_object``.
@@ -336,33 +328,14 @@ class Problem:
         return {"output_finite": bool(torch.isfinite(o).all()), "output_absmax": float(o.abs().max()), "output_nonzero": int((o != 0).sum()), "state_finite": bool(torch.isfinite(self.state).all()), "state_changed_elems": int((self.state != self.state0).sum())}
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def time_calls(fn: Callable[[], Any], reps: int = 10, inner: int = 20, warmup: int = 10) -> dict[str, Any]:
     """Median per-call GPU time over batches of back-to-back calls of flashinfer's function
     (CUDA events), and the host-side time per call (flashinfer's Python wrapper + launch)."""
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    per: list[float] = []
-    host: list[float] = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        host.append((time.perf_counter() - t0) / inner * 1e3)
-        end.record()
-        end.synchronize()
-        per.append(start.elapsed_time(end) / inner)
+    per, host = g.gpu_batches(fn, reps, inner, warmup)
     ms = statistics.median(per)
     state_bytes = 2 * B * HV * V * K * 4  # read + write of the fp32 state dominates the traffic
-    return {"call_ms": round(ms, 5), "call_ms_batches": [round(x, 5) for x in per], "host_ms_per_call_p50": round(statistics.median(host), 5), "state_traffic_TBps": round(state_bytes / (ms * 1e-3) / 1e12, 2)}
+    return {"call_ms": round(ms, 5), "call_ms_batches": [round(x, 5) for x in per], "host_ms_per_call_p50": round(statistics.median(host), 5),
+            "state_traffic_TBps": round(state_bytes / (ms * 1e-3) / 1e12, 2)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -376,22 +349,22 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     import cute_diskcache  # noqa: F401
-    from cute_diskcache import entry, hostcpu
+    from cute_diskcache import entry, hostcpu, loader
     from cute_diskcache.cache import default_cache  # noqa: F401  (import cost kept out of the measured call)
 
     res: dict[str, Any] = {"phase": args.phase, "cache": args.cache}
     problem = Problem("cuda")  # CUDA context first: compile/load times exclude its creation
     mod = load_kernel_module()
     res["startup_s"] = round(time.perf_counter() - t_start, 3)
-    res["runtime_preload_ms"] = round(entry.preload_runtime() * 1e3, 3)  # what install() does at attach
+    res["runtime_preload_ms"] = round(loader.preload() * 1e3, 3)  # what install() does at attach
 
     inject = None
     if args.phase == "inject":
         edir = Path(args.inject)
         manifest = entry.read_manifest(edir)
         obj = entry.verify(edir, manifest, None)  # checksums only: the key is not ours to check
-        res["injected"] = {"dir": str(edir), "digest": manifest["digest"], "symbol": manifest["symbol"], "object_sha256": _sha(obj)}
-        inject = lambda: entry.load(obj, manifest["symbol"], manifest["tvm_ffi"])  # noqa: E731
+        res["injected"] = {"dir": str(edir), "digest": manifest["digest"], "symbol": manifest["symbol"], "object_sha256": g.sha(obj)}
+        inject = lambda: loader.load_object(obj, manifest["symbol"], manifest["tvm_ffi"])  # noqa: E731
     compile_only = args.phase == "compile"  # the plain-pinned variant: compile + persist, no launch
     route = CompileRoute("inject" if inject else "cache", inject=inject, compile_only=compile_only, options=VARIANT_OPTIONS[args.variant])
     with route, DeviceSpy(route) as spy:
@@ -410,7 +383,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
         return res
 
     out, state = problem.result_bytes()
-    res["output_sha256"], res["state_sha256"] = _sha(out), _sha(state)
+    res["output_sha256"], res["state_sha256"] = g.sha(out), g.sha(state)
     res.update(problem.sanity())
     # Same inputs again in this process: the kernel is deterministic, so any difference across
     # builds below is the build's, not the run's.
@@ -432,18 +405,6 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
         res["host_isa"] = list(hostcpu.isa_extensions())
     res["process_s"] = round(time.perf_counter() - t_start, 3)
     return res
-
-
-def spawn(argv: list[str]) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            res = json.loads(line[len(RESULT_PREFIX):])
-            res["wall_s"] = round(time.perf_counter() - t0, 3)
-            res["stderr_tail"] = proc.stderr[-1500:]  # the cache's warnings (why a miss) land here
-            return res
-    return {"argv": argv, "error": f"rc={proc.returncode}", "stderr_tail": proc.stderr[-4000:], "stdout_tail": proc.stdout[-1500:]}
 
 
 def child_argv(phase: str, cache: Path, *, save: Path | None = None, ref: Path | None = None, inject: Path | None = None, variant: str = "tvm") -> list[str]:
@@ -468,15 +429,15 @@ def run_all(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {
         "what": f"flashinfer {KERNEL_FILE} (GDN decode, pretranspose, fp32 state) through cute_diskcache.cached_compile, driven by flashinfer's run_pretranspose_decode",
         "problem": {"B": B, "T": T, "H": H, "HV": HV, "K": K, "V": V, "seed": SEED, "key": problem_key()},
-        "kernel_file_sha256": _sha(kernel_path().read_bytes()),
+        "kernel_file_sha256": g.sha(kernel_path().read_bytes()),
         "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "host_cpu": g.host_cpu(),
         "device": g.device_info(),
         "versions": g.versions(),
     }
     dev_cache, ref = work / "cache-dev", work / "ref"
-    result["cold"] = cold = spawn(child_argv("cold", dev_cache, save=ref))
-    result["warm"] = warm = spawn(child_argv("warm", dev_cache, ref=ref))
+    result["cold"] = cold = g.spawn(__file__, child_argv("cold", dev_cache, save=ref))
+    result["warm"] = warm = g.spawn(__file__, child_argv("warm", dev_cache, ref=ref))
     if "error" not in cold and "error" not in warm:
         wc = warm["counters"]
         result["verdict"] = {
@@ -503,15 +464,15 @@ def run_all(args: argparse.Namespace) -> int:
             variant = info.get("build_record", {}).get("variant", "tvm")
             if variant not in device_caches:  # compile the same variant here (no launch)
                 device_caches[variant] = work / f"cache-dev-{variant}"
-                result["device_compiles"][variant] = spawn(child_argv("compile", device_caches[variant], variant=variant))
+                result["device_compiles"][variant] = g.spawn(__file__, child_argv("compile", device_caches[variant], variant=variant))
             dirs = g.entry_dirs(build_dir / "cache")
             dev_dirs = g.entry_dirs(device_caches[variant])
             if not dirs or not dev_dirs:
                 info["error"] = "no offline entry" if not dirs else "no device entry"
                 result["offline"][build_dir.name] = info
                 continue
-            dev = g._entry(dev_dirs[0])
-            off = g._entry(dirs[0])
+            dev = g.read_entry(dev_dirs[0])
+            off = g.read_entry(dirs[0])
             try:
                 info["compare"] = g.compare_entries(dev, off)
             except Exception as exc:
@@ -521,11 +482,11 @@ def run_all(args: argparse.Namespace) -> int:
                 result["offline"][build_dir.name] = info
                 continue
             # The offline object, run through flashinfer's own launch on this GPU, whatever its key says.
-            info["run_offline_object"] = spawn(child_argv("inject", work / f"cache-inject-{build_dir.name}", ref=ref, inject=dirs[0]))
+            info["run_offline_object"] = g.spawn(__file__, child_argv("inject", work / f"cache-inject-{build_dir.name}", ref=ref, inject=dirs[0]))
             # And the cache's own verdict on a copy of that root: hit, or a miss and why.
             copy = work / f"offline-{build_dir.name}"
             shutil.copytree(build_dir / "cache", copy)
-            info["warm_on_offline_cache"] = spawn(child_argv("warm", copy, ref=ref))
+            info["warm_on_offline_cache"] = g.spawn(__file__, child_argv("warm", copy, ref=ref))
             result["offline"][build_dir.name] = info
 
     (out / "gpu_proof_flashinfer_sm90.json").write_text(json.dumps(result, indent=1, default=str))
@@ -559,9 +520,12 @@ def run_offline_build(args: argparse.Namespace) -> dict[str, Any]:
     from cute_diskcache.cache import default_cache
 
     mod = load_kernel_module()
-    targets.apply_driver_attributes()
+    from cute_diskcache import devicefacts
+    from cute_diskcache.flashinfer_sites.offline import cuda_presenting
+
+    devicefacts.install_hook()  # the DSL's driver attribute queries answered from the profile
     if not args.no_present:
-        mod.from_dlpack = targets.cuda_presenting(mod.from_dlpack)
+        mod.from_dlpack = cuda_presenting(mod.from_dlpack)
     res: dict[str, Any] = {
         "profile": profile.facts(),
         "cuda_presenting": not args.no_present,
@@ -571,7 +535,7 @@ def run_offline_build(args: argparse.Namespace) -> dict[str, Any]:
         "host_cpu": g.host_cpu(),
         "host_isa": list(hostcpu.isa_extensions()),
         "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "kernel_file_sha256": _sha(kernel_path().read_bytes()),
+        "kernel_file_sha256": g.sha(kernel_path().read_bytes()),
         "dsl_stack": keymod.dsl_stack_string(),
         "arch": keymod.current_arch(),
     }
@@ -633,8 +597,8 @@ def host_code_compare(a: bytes, b: bytes) -> dict[str, Any]:
 
 def section_table(a: bytes, b: bytes) -> dict[str, Any]:
     """Per ELF section: size in each object and whether the contents are equal."""
-    sa = {n: a[o : o + z] for n, o, z in g._elf_sections(a) if n}
-    sb = {n: b[o : o + z] for n, o, z in g._elf_sections(b) if n}
+    sa = {n: a[o : o + z] for n, o, z in g.elf_sections(a) if n}
+    sb = {n: b[o : o + z] for n, o, z in g.elf_sections(b) if n}
     return {n: {"device": len(sa.get(n, b"")), "offline": len(sb.get(n, b"")), "equal": sa.get(n) == sb.get(n)} for n in sorted(set(sa) | set(sb))}
 
 
@@ -660,7 +624,7 @@ def run_explain(args: argparse.Namespace) -> dict[str, Any]:
         if not dev_entries:
             res["builds"][build.name] = {"build_record": record, "error": f"no device entry for {variant}"}
             continue
-        dev, off = g._entry(dev_entries[0]), g._entry(entries[0])
+        dev, off = g.read_entry(dev_entries[0]), g.read_entry(entries[0])
         cmp = g.compare_entries(dev, off)
         cmp["variant"] = variant
         if dev["object"] != off["object"]:
@@ -710,7 +674,7 @@ def main() -> int:
     if args.mode == "all":
         return run_all(args)
     if args.mode == "child":
-        print(RESULT_PREFIX + json.dumps(run_child(args), default=str), flush=True)
+        g.emit(run_child(args))
         return 0
     if args.mode == "offline-build":
         res = run_offline_build(args)

@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import glob
-import hashlib
 import importlib.util
 import json
 import logging
@@ -61,10 +60,11 @@ from typing import Any, Callable
 
 log = logging.getLogger("gpu_proof_sm90")
 
-# The DSL keeps its own IR cache under $TMPDIR/<user>/cutlass_python_cache: left on, a "cold"
-# compile would be partly served from it. It changes no generated code (cute_diskcache does
-# not key it), so turning it off only makes cold mean cold.
-os.environ.setdefault("CUTE_DSL_DISABLE_FILE_CACHING", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_harness import (  # noqa: E402  (shared with the other GPU proofs; sets CUTE_DSL_DISABLE_FILE_CACHING)
+    compare_entries, device_info, emit, entry_dirs, gpu_batches, host_cpu, import_file_as, live_device_facts,
+    read_entry, record_cache_outcome, sha, spawn, versions,
+)
 
 M = N = K = 4096
 L = 1
@@ -78,10 +78,11 @@ def active_variants() -> tuple[str, ...]:
     """The variants this run covers (``--variants``; both by default)."""
     raw = os.environ.get(VARIANTS_ENV)
     return tuple(v for v in raw.split(",") if v in VARIANTS) if raw else VARIANTS
+
+
 EXAMPLE_REL = "hopper/dense_gemm.py"
 MODULE_NAME = "hopper_dense_gemm"  # the cache key's "package": the example file, hashed by content
 SEED = 20261202
-RESULT_PREFIX = "RESULT "
 
 
 # --------------------------------------------------------------------------------------------
@@ -99,37 +100,6 @@ def example_path() -> Path:
         raise SystemExit("flashinfer is not installed and CUTLASS_EXAMPLES is unset")
     root = Path(list(spec.submodule_search_locations)[0])
     return root / "data" / "cutlass" / "examples" / "python" / "CuTeDSL" / EXAMPLE_REL
-
-
-def import_file_as(name: str, path: Path) -> Any:
-    """Import ``path`` as module ``name`` (once): the cache key hashes a source by module name,
-    so a fixed name keeps the key independent of where the file lies."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def record_cache_outcome(res: dict[str, Any]) -> None:
-    """This process's cache counters and events into ``res``, and what the last event cost."""
-    import cute_diskcache
-    from cute_diskcache import key as keymod
-    from cute_diskcache.cache import default_cache
-
-    res["counters"] = cute_diskcache.counters()
-    ev = default_cache().events
-    res["events"] = [{"site": e[0], "digest": e[1], "kind": e[2], "seconds": round(e[3], 6), "persist_s": round(e[4], 6)} for e in ev]
-    res["digest"] = ev[-1][1] if ev else None
-    res["arch"] = keymod.current_arch()
-    if ev and ev[-1][2] == "hit":
-        res["load_ms"] = round(ev[-1][3] * 1e3, 4)
-    else:
-        res["compile_s"] = round(ev[-1][3], 4) if ev else None
-        res["persist_s"] = round(ev[-1][4], 4) if ev else None
 
 
 def load_example() -> Any:
@@ -289,34 +259,6 @@ def profile_answers(profile: Any) -> dict[str, int]:
     }
 
 
-def live_device_facts() -> dict[str, Any]:
-    """The facts an ``h200`` profile claims, read from the live device (to check the profile)."""
-    import cuda.bindings.driver as drv
-    import torch
-
-    A = drv.CUdevice_attribute
-    facts: dict[str, Any] = {}
-    dev = torch.cuda.current_device()
-    props = torch.cuda.get_device_properties(dev)
-    facts["device_name"] = props.name
-    facts["capability"] = [props.major, props.minor]
-    facts["sm_count"] = props.multi_processor_count
-    facts["total_memory"] = props.total_memory
-    for key, attr in (
-        ("max_shared_memory_per_multiprocessor", A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
-        ("max_shared_memory_per_block_optin", A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
-    ):
-        err, value = drv.cuDeviceGetAttribute(attr, dev)
-        facts[key] = int(value) if int(err) == 0 else f"error {err}"
-    try:
-        from cutlass.utils import HardwareInfo
-
-        facts["max_active_clusters_1"] = int(HardwareInfo().get_max_active_clusters(1))
-    except Exception as exc:  # informative only
-        facts["max_active_clusters_1"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-    return facts
-
-
 # --------------------------------------------------------------------------------------------
 # Running and timing on the GPU
 # --------------------------------------------------------------------------------------------
@@ -362,41 +304,17 @@ class Problem:
 
 
 def time_kernel(launch: Callable[[], Any], reps: int = 10, inner: int = 20, warmup: int = 10) -> dict[str, Any]:
-    """Median per-launch time over ``reps`` batches of ``inner`` back-to-back launches (CUDA events).
-
-    Batches keep host launch overhead off the GPU timeline: the queue stays full.
-    """
-    import torch
-
-    for _ in range(warmup):
-        launch()
-    torch.cuda.synchronize()
-    per: list[float] = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(inner):
-            launch()
-        end.record()
-        end.synchronize()
-        per.append(start.elapsed_time(end) / inner)
+    """Median per-launch time over ``reps`` batches of ``inner`` back-to-back launches (CUDA events)."""
+    per, _host = gpu_batches(launch, reps, inner, warmup)
     ms = statistics.median(per)
     return {"kernel_ms": round(ms, 5), "kernel_ms_batches": [round(x, 5) for x in per], "tflops": round(2 * M * N * K / (ms * 1e-3) / 1e12, 1)}
-
-
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def entry_dirs(root: Path) -> list[Path]:
-    return sorted(Path(p).parent for p in glob.glob(str(root / "v1" / "*" / "*" / "*" / "manifest.msgpack")))
 
 
 def repeat_hits(variant: str, n: int) -> dict[str, Any]:
     """``n`` more disk hits in this process (the in-process memo cleared each time), plus the
     split between reading+verifying the entry and loading its object."""
     import cute_diskcache
-    from cute_diskcache import entry
+    from cute_diskcache import entry, loader
     from cute_diskcache.cache import default_cache
 
     calls: list[float] = []
@@ -417,7 +335,7 @@ def repeat_hits(variant: str, n: int) -> dict[str, Any]:
         manifest = entry.read_manifest(edir)
         obj = entry.verify(edir, manifest, None)
         t1 = time.perf_counter()
-        entry.load(obj, manifest["symbol"], manifest["tvm_ffi"])
+        loader.load_object(obj, manifest["symbol"], manifest["tvm_ffi"])
         t2 = time.perf_counter()
         verify_ms.append((t1 - t0) * 1e3)
         load_only_ms.append((t2 - t1) * 1e3)
@@ -455,9 +373,9 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     res["startup_s"] = round(time.perf_counter() - t_start, 3)
     # What install() does when it attaches: dlopen the DSL runtime once per process. Timed on
     # its own so the first hit below measures the cache, not a one-time library load.
-    from cute_diskcache import entry
+    from cute_diskcache import loader
 
-    res["runtime_preload_ms"] = round(entry.preload_runtime() * 1e3, 3)
+    res["runtime_preload_ms"] = round(loader.preload() * 1e3, 3)
     with DeviceQuerySpy() as spy:
         kernel, call_s = build(args.variant)
     res["cached_compile_s"] = round(call_s, 5)
@@ -472,7 +390,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     torch.cuda.synchronize()
     res["first_launch_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
     out = problem.output_bytes()
-    res["output_sha256"] = _sha(out)
+    res["output_sha256"] = sha(out)
     res.update(problem.error_vs_fp32())
     if args.save:
         Path(args.save).write_bytes(out)
@@ -510,12 +428,12 @@ def run_first_call_probe(args: argparse.Namespace) -> dict[str, Any]:
     mod = load_example()
     import cutlass  # noqa: F401
 
-    from cute_diskcache import entry
+    from cute_diskcache import loader
     from cute_diskcache import key as keymod
     from cute_diskcache.cache import default_cache
 
     res: dict[str, Any] = {"variant": args.variant, "sys_path_entries": len(sys.path)}
-    res["runtime_preload_ms"] = round(entry.preload_runtime() * 1e3, 3)
+    res["runtime_preload_ms"] = round(loader.preload() * 1e3, 3)
 
     def timed(name: str, fn: Callable[[], Any]) -> Any:
         t0 = time.perf_counter()
@@ -537,24 +455,14 @@ def run_first_call_probe(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def spawn_child(phase: str, variant: str, cache: Path, *, save: Path | None = None, ref: Path | None = None, repeat_hits: int = 0) -> dict[str, Any]:
-    cmd = [sys.executable, __file__, "child", "--phase", phase, "--variant", variant, "--cache", str(cache), "--repeat-hits", str(repeat_hits)]
+    argv = ["child", "--phase", phase, "--variant", variant, "--cache", str(cache), "--repeat-hits", str(repeat_hits)]
     if save:
-        cmd += ["--save", str(save)]
+        argv += ["--save", str(save)]
     if ref:
-        cmd += ["--ref", str(ref)]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    for line in proc.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            res = json.loads(line[len(RESULT_PREFIX):])
-            res["wall_s"] = round(wall, 3)
-            # The result is printed before the interpreter exits: a loaded shared object's
-            # unload hook (its CUDA module) runs after that; a crash there shows only here.
-            res["exit_code"] = proc.returncode
-            res["stderr_tail"] = proc.stderr[-1500:] if proc.returncode else ""
-            return res
-    return {"phase": phase, "variant": variant, "error": f"rc={proc.returncode}", "stderr_tail": proc.stderr[-3000:], "stdout_tail": proc.stdout[-1500:]}
+        argv += ["--ref", str(ref)]
+    # The result is printed before the interpreter exits: a loaded shared object's unload hook
+    # (its CUDA module) runs after that; a crash there shows only in the exit code.
+    return {"phase": phase, "variant": variant, **spawn(__file__, argv)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -593,140 +501,11 @@ def run_offline_build(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
-def _elf_sections(buf: bytes) -> list[tuple[str, int, int]]:
-    """(name, file offset, size) of each section of a 64-bit little-endian ELF image."""
-    import struct
-
-    try:
-        shoff = struct.unpack_from("<Q", buf, 0x28)[0]
-        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", buf, 0x3A)
-        hdrs = [struct.unpack_from("<IIQQQQ", buf, shoff + i * shentsize) for i in range(shnum)]
-        strtab_off = hdrs[shstrndx][4]
-        out = []
-        for name_off, sh_type, _flags, _addr, off, size in hdrs:
-            end = buf.index(b"\0", strtab_off + name_off)
-            name = buf[strtab_off + name_off : end].decode(errors="replace")
-            out.append((name, off, 0 if sh_type == 8 else size))
-        return out
-    except Exception:
-        return []
-
-
-def _elf_symbols(buf: bytes, rename: tuple[str, str] | None = None) -> list[tuple[Any, ...]] | None:
-    """Sorted (name, info, other, shndx, value, size) of every .symtab entry; None if unparsable."""
-    import struct
-
-    secs = {name: (off, size) for name, off, size in _elf_sections(buf)}
-    if ".symtab" not in secs or ".strtab" not in secs:
-        return None
-    (so, ss), (to, _) = secs[".symtab"], secs[".strtab"]
-    out = []
-    for i in range(ss // 24):
-        name_off, info, other, shndx, value, size = struct.unpack_from("<IBBHQQ", buf, so + i * 24)
-        end = buf.index(b"\0", to + name_off)
-        name = buf[to + name_off : end].decode(errors="replace")
-        if rename:
-            name = name.replace(*rename)
-        out.append((name, info, other, shndx, value, size))
-    return sorted(out)
-
-
-def section_compare(a: bytes, b: bytes, rename_b: tuple[str, str] | None = None) -> dict[str, Any]:
-    """Section by section: which sections of two objects differ, and whether their symbol
-    tables are the same once ``rename_b`` (old, new) is applied to ``b``'s names. Explains
-    differences that only move strings around (a digest-derived symbol name)."""
-    sa = {n: a[o : o + s] for n, o, s in _elf_sections(a)}
-    sb = {n: b[o : o + s] for n, o, s in _elf_sections(b)}
-    differing = sorted(n for n in set(sa) | set(sb) if sa.get(n) != sb.get(n))
-    syms_a, syms_b = _elf_symbols(a), _elf_symbols(b, rename_b)
-    return {
-        "sections": len(sa),
-        # Same names, offsets and sizes: the header table can then differ only in sh_name
-        # (offsets into .strtab), i.e. where the strings landed.
-        "section_layout_equal": _elf_sections(a) == _elf_sections(b),
-        "differing_sections": differing,
-        "symbol_tables_equal_after_rename": syms_a == syms_b if syms_a is not None else None,
-        "symbols": len(syms_a or []),
-    }
-
-
-def diff_summary(a: bytes, b: bytes) -> dict[str, Any]:
-    """Where two byte strings differ, by ELF section of ``a`` when they are ELF images."""
-    if a == b:
-        return {"identical": True, "bytes": len(a)}
-    n = min(len(a), len(b))
-    diffs = [i for i in range(n) if a[i] != b[i]]
-    sections = _elf_sections(a)
-    by_section: dict[str, int] = {}
-    for i in diffs:
-        name = next((s for s, off, size in sections if off <= i < off + size), "<outside sections>")
-        by_section[name] = by_section.get(name, 0) + 1
-    return {
-        "identical": False,
-        "sizes": [len(a), len(b)],
-        "differing_bytes": len(diffs),
-        "first_diff_at": diffs[0] if diffs else n,
-        "by_section": by_section,
-    }
-
-
-def _entry(edir: Path) -> dict[str, Any]:
-    from cute_diskcache import entry
-
-    manifest = entry.read_manifest(edir)
-    obj = entry.verify(edir, manifest, None)
-    cubins = [(edir / c["file"]).read_bytes() for c in manifest["payloads"]["cubin"]]
-    mlir = None
-    if manifest["payloads"]["mlir"]:
-        import zlib
-
-        mlir = zlib.decompress((edir / manifest["payloads"]["mlir"][0]["file"]).read_bytes()).decode()
-    return {"dir": edir, "manifest": manifest, "object": obj, "cubins": cubins, "mlir": mlir}
-
-
-def compare_entries(dev: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
-    """Byte-level comparison of an offline-built entry with the device-built one."""
-    from cute_diskcache import entry
-
-    md, mo = dev["manifest"], off["manifest"]
-    env_diff = {k: {"device": md["env"].get(k), "offline": mo["env"].get(k)} for k in sorted(set(md["env"]) | set(mo["env"])) if md["env"].get(k) != mo["env"].get(k)}
-    # The symbol is derived from the digest: normalise it away to see what else differs.
-    obj_off_renamed = off["object"].replace(mo["symbol"].encode(), md["symbol"].encode()) if mo["symbol"] != md["symbol"] and len(mo["symbol"]) == len(md["symbol"]) else off["object"]
-    out: dict[str, Any] = {
-        "digest_equal": md["digest"] == mo["digest"],
-        "namespace_equal": md["namespace"] == mo["namespace"],
-        "env_digest_equal": md["env_digest"] == mo["env_digest"],
-        "env_differences": env_diff,
-        "key_bytes_equal": md["key_bytes"] == mo["key_bytes"],
-        "object": diff_summary(dev["object"], off["object"]),
-        "object_sha256": {"device": _sha(dev["object"]), "offline": _sha(off["object"])},
-        "cubin_count": [len(dev["cubins"]), len(off["cubins"])],
-        "cubins_identical": [a == b for a, b in zip(dev["cubins"], off["cubins"])] if len(dev["cubins"]) == len(off["cubins"]) else False,
-        "cubin_sha256": {"device": [_sha(c) for c in dev["cubins"]], "offline": [_sha(c) for c in off["cubins"]]},
-        "cubins_extracted_from_object_match_payloads": entry.cubins_in(off["object"]) == off["cubins"] and entry.cubins_in(dev["object"]) == dev["cubins"],
-        "mlir_identical": dev["mlir"] == off["mlir"] if dev["mlir"] is not None and off["mlir"] is not None else None,
-        "symbol": {"device": md["symbol"], "offline": mo["symbol"]},
-        "tvm_ffi": [md["tvm_ffi"], mo["tvm_ffi"]],
-    }
-    if obj_off_renamed is not off["object"]:
-        out["object_with_symbol_normalised"] = diff_summary(dev["object"], obj_off_renamed)
-    if dev["object"] != off["object"]:
-        out["object_sections"] = section_compare(dev["object"], off["object"], (mo["symbol"], md["symbol"]))
-    if not out["cubins_identical"] or out["cubins_identical"] is False:
-        out["cubin_diffs"] = [diff_summary(a, b) for a, b in zip(dev["cubins"], off["cubins"])]
-    if dev["mlir"] != off["mlir"] and dev["mlir"] and off["mlir"]:
-        la, lb = dev["mlir"].splitlines(), off["mlir"].splitlines()
-        first = [(i, x, y) for i, (x, y) in enumerate(zip(la, lb)) if x != y][:5]
-        out["mlir_first_diffs"] = [{"line": i, "device": x[:300], "offline": y[:300]} for i, x, y in first]
-        out["mlir_lines"] = [len(la), len(lb)]
-    return out
-
-
 def run_offline_check(args: argparse.Namespace) -> dict[str, Any]:
     """Compare each offline root's entries with the device-built ones and run the offline objects."""
     import torch
 
-    from cute_diskcache import entry
+    from cute_diskcache import loader
 
     res: dict[str, Any] = {"live_device_facts": {}, "builds": {}}
     problem = Problem()  # also makes the CUDA context current, which HardwareInfo needs
@@ -739,7 +518,7 @@ def run_offline_check(args: argparse.Namespace) -> dict[str, Any]:
     prof = targets.get("h200").facts()
     live = res["live_device_facts"]
     res["h200_profile_vs_live"] = {k: {"profile": prof.get(k), "live": live.get(k), "equal": prof.get(k) == live.get(k)} for k in ("device_name", "capability", "sm_count", "max_shared_memory_per_multiprocessor", "max_shared_memory_per_block_optin", "total_memory", "max_active_clusters_1")}
-    device = {v: _entry(entry_dirs(Path(args.work) / f"cache-{v}")[0]) for v in active_variants()}
+    device = {v: read_entry(entry_dirs(Path(args.work) / f"cache-{v}")[0]) for v in active_variants()}
     for build_dir in sorted(Path(args.offline).iterdir()):
         root = build_dir / "cache"
         if not root.is_dir():
@@ -755,18 +534,18 @@ def run_offline_check(args: argparse.Namespace) -> dict[str, Any]:
             if d is None:
                 info[v] = {"error": "offline entry not found"}
                 continue
-            off = _entry(d)
+            off = read_entry(d)
             cmp = compare_entries(device[v], off)
             # Run the offline-built object on this GPU, whatever its key says.
             try:
-                kernel = entry.load(off["object"], off["manifest"]["symbol"], off["manifest"]["tvm_ffi"])
+                kernel = loader.load_object(off["object"], off["manifest"]["symbol"], off["manifest"]["tvm_ffi"])
                 launch = problem.launcher(kernel, v)
                 problem.c_store.fill_(float("nan"))
                 launch()
                 torch.cuda.synchronize()
                 out = problem.output_bytes()
                 ref = (Path(args.work) / f"out-{v}.bin").read_bytes()
-                cmp["run_on_device"] = {"output_sha256": _sha(out), "bitwise_equal_to_device_build": out == ref, **time_kernel(launch, reps=5)}
+                cmp["run_on_device"] = {"output_sha256": sha(out), "bitwise_equal_to_device_build": out == ref, **time_kernel(launch, reps=5)}
             except Exception as exc:
                 cmp["run_on_device"] = {"error": f"{type(exc).__name__}: {str(exc)[:400]}"}
             info[v] = cmp
@@ -777,51 +556,6 @@ def run_offline_check(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 # all: the parent on the GPU
 # --------------------------------------------------------------------------------------------
-
-
-def host_cpu() -> str:
-    """The build machine's CPU model: the DSL tunes host code for it unless a host target is pinned."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            return next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), platform.processor())
-    except OSError:
-        return platform.processor()
-
-
-def versions() -> dict[str, Any]:
-    import importlib.metadata as md
-
-    import torch
-
-    from cute_diskcache import __version__
-    from cute_diskcache import key as keymod
-
-    out: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda, "cute_diskcache": __version__, "dsl_stack": keymod.dsl_stack_string()}
-    # The package moves fast: pin which sources produced these numbers.
-    pkg = Path(__import__("cute_diskcache").__file__).parent
-    h = hashlib.sha256()
-    for f in sorted(pkg.glob("*.py")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes())
-    out["cute_diskcache_sources_sha256"] = h.hexdigest()
-    for dist in ("flashinfer-python", "cuda-bindings"):
-        try:
-            out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            out[dist] = None
-    return out
-
-
-def device_info() -> dict[str, Any]:
-    import torch
-
-    props = torch.cuda.get_device_properties(0)
-    info: dict[str, Any] = {"name": props.name, "capability": f"{props.major}.{props.minor}", "sm_count": props.multi_processor_count, "total_memory_gib": round(props.total_memory / 2**30, 1)}
-    try:
-        q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,clocks.max.mem", "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
-        info["nvidia_smi"] = q.stdout.strip()
-    except Exception as exc:
-        info["nvidia_smi"] = f"unavailable: {exc}"
-    return info
 
 
 def run_floor(floor_bin: str, cubins: list[Path], reps: int = 200) -> tuple[str, dict[str, float]]:
@@ -895,10 +629,10 @@ def run_all(args: argparse.Namespace) -> int:
         result["tvm_and_plain_outputs_bitwise_equal"] = outs["tvm"].read_bytes() == outs["plain"].read_bytes()
 
     cubins = [Path(c) for v in active_variants() for d in entry_dirs(work / f"cache-{v}") for c in sorted(glob.glob(str(d / "cubin-*.cubin")))]
-    result["device_cubins"] = {str(c.relative_to(work)): _sha(c.read_bytes()) for c in cubins}
+    result["device_cubins"] = {str(c.relative_to(work)): sha(c.read_bytes()) for c in cubins}
 
     if args.offline and Path(args.offline).is_dir():
-        check = spawn_python(["offline-check", "--offline", args.offline, "--work", str(work)])
+        check = spawn(__file__, ["offline-check", "--offline", args.offline, "--work", str(work)])
         # Warm children on copies of the offline roots: does the GPU box hit what the CPU box built?
         check["warm_on_offline_cache"] = {}
         for build_dir in sorted(Path(args.offline).iterdir()):
@@ -943,14 +677,6 @@ def run_all(args: argparse.Namespace) -> int:
     return 0
 
 
-def spawn_python(argv: list[str]) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
-    return {"error": f"rc={proc.returncode}", "stderr_tail": proc.stderr[-3000:], "stdout_tail": proc.stdout[-1500:]}
-
-
 # --------------------------------------------------------------------------------------------
 
 
@@ -991,7 +717,7 @@ def main() -> int:
         return run_all(args)
     if args.mode == "child":
         fn = run_first_call_probe if args.phase == "first-call" else run_child
-        print(RESULT_PREFIX + json.dumps(fn(args), default=str), flush=True)
+        emit(fn(args))
         return 0
     if args.mode == "offline-build":
         res = run_offline_build(args)
@@ -999,7 +725,7 @@ def main() -> int:
         print(json.dumps(res, indent=1, default=str))
         return 0
     if args.mode == "offline-check":
-        print(RESULT_PREFIX + json.dumps(run_offline_check(args), default=str), flush=True)
+        emit(run_offline_check(args))
         return 0
     return 2
 

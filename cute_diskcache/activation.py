@@ -149,13 +149,13 @@ def install(target: str | None = None) -> None:
     ``target`` (or ``CUTE_DISKCACHE_TARGET``) names a device profile to compile for when the
     card is not present; it must be chosen before flashinfer is imported.
     """
-    import os
+    import os  # not config: this runs at interpreter start, where its imports (dataclasses...) would cost every process
 
     global _cache_on
     with _lock:
         _cache_on = True
         try:
-            set_target(target or os.environ.get("CUTE_DISKCACHE_TARGET") or None)
+            set_target(target or os.environ.get("CUTE_DISKCACHE_TARGET", "").strip() or None)
         except ValueError as exc:  # targets.UnknownProfileError
             if target is not None:
                 raise

@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import config, devicefacts, entry, eviction, locking, stats
+from . import config, devicefacts, entry, eviction, export, loader, locking, stats
 from .key import CacheKey
 from .store import Store
 
@@ -151,7 +151,7 @@ class CompileCache:
         """
         t0 = time.perf_counter()
         try:
-            found = self.remote.fetch(key, self.store) if remote and self.remote is not None else self.store.lookup(key, load=True)
+            found = self.remote.fetch(key, self.store) if remote and self.remote is not None else self.store.lookup_or_quarantine(key, load=True)
         except Exception as exc:  # a bug of ours must cost a compile, never the caller's kernel
             log.error("cute-diskcache lookup failed unexpectedly (%s: %s); compiling", type(exc).__name__, exc)
             with self._lock:
@@ -191,17 +191,17 @@ class CompileCache:
         role = getattr(found, "role", "object")
         if role == "shared":
             try:
-                kernel = entry.load(data, manifest["symbol"], manifest["tvm_ffi"], role="shared")
+                kernel = loader.load_shared(data, manifest["symbol"])
                 with self._lock:
                     self.counters.shared_loads += 1
                 return kernel
             except Exception as exc:  # an unexpected runtime: never the entry's fault
                 log.debug("shared object of %s not loadable here (%s: %s); loading the object", key.digest[:12], type(exc).__name__, exc)
-            found = self.store.lookup(key)
+            found = self.store.lookup_or_quarantine(key)
             if found is None:
                 raise RuntimeError("the entry went away while falling back to its object")
             manifest, data = found
-        return entry.load(data, manifest["symbol"], manifest["tvm_ffi"])
+        return loader.load_object(data, manifest["symbol"], manifest["tvm_ffi"])
 
     def _compile_and_commit(
         self,
@@ -211,9 +211,9 @@ class CompileCache:
     ) -> tuple[Any, dict[str, Any]]:
         # Ask the root once, before the compile: a read-only root warns now, and the root is
         # created with a private mode before the statistics write into it.
-        self.store.can_write()
+        self.store.probe_writable()
         t0 = time.perf_counter()
-        with devicefacts.recording() as device, entry.capturing() as objects:
+        with devicefacts.recording() as device, export.capturing() as objects:
             kernel = compile_fn()
         seconds = time.perf_counter() - t0
         extra = extra_fn(kernel) if extra_fn is not None else {}
@@ -227,10 +227,10 @@ class CompileCache:
         stats.record(ns, "compile_seconds", seconds)
         wrote = False
         t_persist = time.perf_counter()
-        if self.store.can_write():
+        if self.store.probe_writable():
             try:
                 manifest = self.store.persist(
-                    key, lambda work: entry.export(kernel, key.digest, seconds, extra, device, workdir=work, captured=objects))
+                    key, lambda work: export.export(kernel, key.digest, seconds, extra, device, workdir=work, captured=objects))
                 wrote = manifest is not None
                 if manifest is not None:
                     stats.record(ns, "writes")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 
 #: The variable that turns the cache on for an unmodified serving engine.
@@ -207,18 +208,60 @@ def _native_sites_env() -> str:
     return NATIVE_SITES_CHOICES[0]
 
 
+DEFAULT_MAX_SIZE = "5G"
+_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT][iI]?)?[bB]?\s*$")
+
+
+def parse_size(text: str) -> int:
+    """``"5G"`` -> 5e9 bytes. K/M/G/T are decimal, Ki/Mi/Gi/Ti binary, as in ccache; a trailing B is allowed."""
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise ValueError(f"not a size: {text!r} (examples: 500M, 5G, 2GiB, 1048576)")
+    number, unit = m.group(1), (m.group(2) or "").upper()
+    return int(float(number) * _UNITS[unit])
+
+
+def format_size(n: float) -> str:
+    """Bytes as people read them, in the decimal units :func:`parse_size` takes."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
 def max_size() -> int:
     """``CUTE_DISKCACHE_MAX_SIZE`` in bytes (0: no cap); a value that is not a size keeps 5G, with a warning."""
-    from .eviction import DEFAULT_MAX_SIZE, parse_size
-
-    raw = os.environ.get("CUTE_DISKCACHE_MAX_SIZE", DEFAULT_MAX_SIZE)
+    name = env_name("max_size")
+    raw = os.environ.get(name, DEFAULT_MAX_SIZE)
     try:
         return parse_size(raw)
     except ValueError:
         import logging
 
-        logging.getLogger("cute_diskcache").warning("ignoring CUTE_DISKCACHE_MAX_SIZE=%r (not a size); using %s", raw, DEFAULT_MAX_SIZE)
+        logging.getLogger("cute_diskcache").warning("ignoring %s=%r (not a size); using %s", name, raw, DEFAULT_MAX_SIZE)
         return parse_size(DEFAULT_MAX_SIZE)
+
+
+def env_name(field: str) -> str:
+    """The environment variable of one setting (a KeyError for a setting the table lacks)."""
+    return SETTINGS_DOC[field][0]
+
+
+def flag(field: str) -> bool:
+    """One boolean setting, read now, with the table's default.
+
+    For code that needs a single switch on its own path (the loader at a hit, a target profile
+    at start-up) without resolving the whole :class:`Settings` (which looks for flashinfer).
+    """
+    name, default, _meaning = SETTINGS_DOC[field]
+    return env_flag(name, default=default == "1")
+
+
+def text(field: str) -> str | None:
+    """One string setting, read now; None when unset or blank."""
+    return (os.environ.get(env_name(field)) or "").strip() or None
 
 
 def resolve_root() -> tuple[Path, str]:
@@ -241,23 +284,23 @@ def load() -> Settings:
     """Read the environment now."""
     root, source = resolve_root()
     return Settings(
-        enabled=env_flag(ENABLE_ENV),
+        enabled=flag("enabled"),
         root=root,
         root_source=source,
-        target=os.environ.get("CUTE_DISKCACHE_TARGET") or None,
-        readonly=env_flag("CUTE_DISKCACHE_READONLY"),
-        single_flight=env_flag("CUTE_DISKCACHE_SINGLE_FLIGHT", default=True),
+        target=text("target"),
+        readonly=flag("readonly"),
+        single_flight=flag("single_flight"),
         lock_timeout=_float_env("CUTE_DISKCACHE_LOCK_TIMEOUT", 300.0),
-        trust_shared=env_flag("CUTE_DISKCACHE_TRUST_SHARED"),
+        trust_shared=flag("trust_shared"),
         hmac_key=os.environ.get("CUTE_DISKCACHE_HMAC_KEY", "").encode() or None,
         remote=os.environ.get("CUTE_DISKCACHE_REMOTE", "").strip() or None,
-        remote_readonly=env_flag("CUTE_DISKCACHE_REMOTE_READONLY"),
+        remote_readonly=flag("remote_readonly"),
         remote_timeout=_float_env("CUTE_DISKCACHE_REMOTE_TIMEOUT", 1.0) or 1.0,
         remote_prefix=os.environ.get("CUTE_DISKCACHE_REMOTE_PREFIX", "").strip().strip("/") or "cute-diskcache",
         remote_cooldown=_float_env("CUTE_DISKCACHE_REMOTE_COOLDOWN", 30.0),
         native_sites=_native_sites_env(),
         max_size=max_size(),
-        remote_unsigned=env_flag("CUTE_DISKCACHE_REMOTE_UNSIGNED"),
-        target_force=env_flag("CUTE_DISKCACHE_TARGET_FORCE"),
-        shared_objects=env_flag("CUTE_DISKCACHE_SHARED_OBJECTS", default=True),
+        remote_unsigned=flag("remote_unsigned"),
+        target_force=flag("target_force"),
+        shared_objects=flag("shared_objects"),
     )

@@ -21,25 +21,22 @@ Payloads:
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import logging
 import os
 import socket
 import stat
-import struct
-import threading
 import time
-import types
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import msgpack
 
 from . import _version, devicefacts, hostcpu, trust
+from .elf import cubins_in  # noqa: F401  (what an entry stores; tests and benches read it here)
 from .key import FORMAT_VERSION, CacheKey
 
 log = logging.getLogger("cute_diskcache")
@@ -91,246 +88,6 @@ class Artifact:
     shared_bytes: bytes | None = None
     # the kernel's MLIR as bytecode (preferred to mlir_text when both are there)
     mlir_bytecode: bytes | None = None
-
-
-def symbol_for(digest: str) -> str:
-    """A C identifier unique to the entry, so many objects can live in one process."""
-    return f"cdc_{digest[:24]}"
-
-
-def export(
-    compiled: Any,
-    digest: str,
-    compile_seconds: float,
-    extra: dict[str, Any] | None = None,
-    device: dict[str, Any] | None = None,
-    *,
-    workdir: Path | None = None,
-    captured: list[bytes] | None = None,
-    link: bool = True,
-) -> Artifact:
-    """Turn a ``cute.compile`` result into bytes, and link the fast form when it can.
-
-    A ``--enable-tvm-ffi`` compile already emitted an object for its own JIT load
-    (:func:`capturing` kept it): the same code, data and relocations ``export_to_c`` would
-    produce again by re-running LLVM (measured: persistence then costs 2% of a compile, not 11%).
-    It is used when it is there and exports ``__tvm_ffi_<function name>``; otherwise
-    ``export_to_c`` writes one, into ``workdir`` (the store's scratch space inside the cache root,
-    so a read-only or full ``/tmp`` does not turn persistence off). Other compiles go through
-    ``dump_to_object``. A tvm-ffi object is then linked into a shared object where a toolchain
-    exists (:func:`.loader.link`); a link that fails only leaves the entry without one.
-    """
-    import tempfile
-
-    from . import loader
-
-    t0 = time.perf_counter()
-    symbol = symbol_for(digest)
-    tvm_ffi = hasattr(compiled, "__tvm_ffi_object__") or "TVMFFI" in type(compiled).__name__
-    obj = _compile_time_object(compiled, captured) if tvm_ffi else None
-    if obj is not None:
-        symbol = str(compiled.function_name)
-    else:
-        def run() -> bytes:
-            if not tvm_ffi:
-                return bytes(compiled.dump_to_object(symbol))
-            with tempfile.TemporaryDirectory(prefix="export-", dir=workdir) as tmp:
-                path = os.path.join(tmp, "kernel.o")
-                compiled.export_to_c(path, function_name=symbol)
-                with open(path, "rb") as fh:
-                    return fh.read()
-
-        obj = _with_usable_temp(run, workdir)
-    shared = loader.link(obj, symbol, workdir) if tvm_ffi and link else None
-    ir_module = getattr(compiled, "ir_module", None)
-    cubins = cubins_in(obj)
-    mlir_bytecode = _bytecode(ir_module) if ir_module is not None else None
-    mlir_text = str(ir_module) if ir_module is not None and mlir_bytecode is None else None
-    return Artifact(
-        object_bytes=obj,
-        symbol=symbol,
-        tvm_ffi=tvm_ffi,
-        cubins=cubins,
-        mlir_text=mlir_text,
-        compile_seconds=compile_seconds,
-        export_seconds=time.perf_counter() - t0,
-        extra=dict(extra or {}),
-        shared_bytes=shared,
-        mlir_bytecode=mlir_bytecode,
-        **({"device": dict(device)} if device else {}),
-    )
-
-
-def _bytecode(ir_module: Any) -> bytes | None:
-    """The module as MLIR bytecode, or None where the bindings cannot write it."""
-    import io
-
-    try:
-        buf = io.BytesIO()
-        ir_module.operation.write_bytecode(buf)
-        return buf.getvalue()
-    except Exception as exc:
-        log.debug("no MLIR bytecode (%s); keeping the text", exc)
-        return None
-
-
-def mlir_text(data: bytes, file_name: str) -> str:
-    """The MLIR text of a stored ``mlir`` payload (bytecode is parsed with the DSL's MLIR bindings)."""
-    raw = zlib.decompress(data)
-    if not file_name.endswith(".mlirbc.zz"):
-        return raw.decode()
-    from cutlass._mlir import ir
-
-    ctx = ir.Context()
-    ctx.allow_unregistered_dialects = True
-    return str(ir.Module.parse(raw, ctx))
-
-
-# --------------------------------------------------------------------------------------------
-# The object the compile emitted anyway
-# --------------------------------------------------------------------------------------------
-
-_tap = threading.local()
-_tap_lock = threading.Lock()
-
-
-class _AotTap(types.ModuleType):
-    """Stands in for ``_aot_support`` inside the DSL's tvm-ffi provider only: passes every call
-    through, and while :func:`capturing` is active in this thread keeps what
-    ``export_module_to_bytes`` returned."""
-
-    def __init__(self, real: Any) -> None:
-        super().__init__(getattr(real, "__name__", "_aot_support"))
-        self.__dict__["_cdc_real"] = real
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["_cdc_real"], name)
-
-    def export_module_to_bytes(self, *args: Any, **kwargs: Any) -> Any:
-        out = self.__dict__["_cdc_real"].export_module_to_bytes(*args, **kwargs)
-        sink = getattr(_tap, "sink", None)
-        if sink is not None and kwargs.get("format", "o") == "o" and isinstance(out, (bytes, bytearray)):
-            sink.append(bytes(out))
-        return out
-
-
-def _install_tap() -> bool:
-    """Put :class:`_AotTap` into the DSL's tvm-ffi provider (idempotent); False if its layout is unexpected."""
-    try:
-        from cutlass.cutlass_dsl import tvm_ffi_provider as provider
-    except Exception:
-        return False
-    with _tap_lock:
-        current = provider.__dict__.get("_aot_support")
-        if isinstance(current, _AotTap):
-            return True
-        if current is None or not hasattr(current, "export_module_to_bytes"):
-            return False
-        provider._aot_support = _AotTap(current)
-        return True
-
-
-@contextlib.contextmanager
-def capturing() -> Iterator[list[bytes]]:
-    """Keep the objects the DSL emits while the body (one compile) runs in this thread.
-
-    Private DSL API, contained: a DSL without the function (or laid out otherwise) yields an
-    empty list and :func:`export` re-exports as before.
-    """
-    sink: list[bytes] = []
-    if not _install_tap():
-        yield sink
-        return
-    previous = getattr(_tap, "sink", None)
-    _tap.sink = sink
-    try:
-        yield sink
-    finally:
-        _tap.sink = previous
-
-
-def _compile_time_object(compiled: Any, captured: list[bytes] | None) -> bytes | None:
-    """The captured object that holds this compile's ``__tvm_ffi_<function name>``, or None."""
-    name = getattr(compiled, "function_name", None)
-    if not captured or not isinstance(name, str) or not name:
-        return None
-    wanted = b"__tvm_ffi_" + name.encode() + b"\0"
-    found = [obj for obj in captured if wanted in obj and obj.startswith(b"\x7fELF")]
-    return found[-1] if found else None
-
-
-_TEMP_LOCK = threading.Lock()
-
-
-def _with_usable_temp(run: Callable[[], bytes], workdir: Path | None) -> bytes:
-    """``run()``; if it fails, once more with the DSL's temporary files in ``workdir`` (the
-    store's scratch inside the cache root).
-
-    The DSL writes the object through ``tempfile`` itself, so a small, full or read-only
-    ``/tmp`` (read-only root filesystem pods, a tiny emptyDir) made every export fail, blamed on
-    the cache root. The redirect is process-wide while it lasts, so it is taken only after a
-    failure (when the default was not usable for this export anyway), under a lock; an export
-    that fails for another reason fails the same way again and raises.
-    """
-    import tempfile
-
-    try:
-        return run()
-    except Exception as exc:
-        if workdir is None:
-            raise
-        log.debug("export failed (%s: %s); again with temporary files under %s", type(exc).__name__, exc, workdir)
-    with _TEMP_LOCK:
-        saved = tempfile.tempdir
-        tempfile.tempdir = str(workdir)
-        try:
-            return run()
-        finally:
-            tempfile.tempdir = saved
-
-
-_EM_CUDA = 190
-
-
-def _elf_end(buf: bytes, at: int) -> int | None:
-    """End offset of a CUDA ELF image starting at ``at`` (headers and every section), or None."""
-    try:
-        machine = struct.unpack_from("<H", buf, at + 18)[0]
-        phoff, shoff = struct.unpack_from("<QQ", buf, at + 32)
-        phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", buf, at + 54)
-        if machine != _EM_CUDA or shnum == 0 or shentsize < 64:
-            return None
-        end = max(shoff + shentsize * shnum, phoff + phentsize * phnum)
-        for i in range(shnum):
-            sh = at + shoff + i * shentsize
-            sh_type = struct.unpack_from("<I", buf, sh + 4)[0]
-            sh_offset, sh_size = struct.unpack_from("<QQ", buf, sh + 24)
-            if sh_type != 8:  # SHT_NOBITS occupies no file bytes
-                end = max(end, sh_offset + sh_size)
-    except struct.error:
-        return None
-    return at + end if at + end <= len(buf) else None
-
-
-def cubins_in(obj: bytes) -> list[bytes]:
-    """The cubins embedded in an exported object: ELF images whose machine is EM_CUDA.
-
-    The DSL lowers ``gpu.binary`` into an LLVM global before we see the module, so the object
-    is the one place every DSL version leaves the cubin; reading it back from there needs
-    nothing but the ELF header.
-    """
-    found: list[bytes] = []
-    start = 1  # the object itself is the host ELF at offset 0
-    while True:
-        at = obj.find(b"\x7fELF\x02\x01", start)
-        if at < 0 or at + 64 > len(obj):
-            return found
-        end = _elf_end(obj, at)
-        if end is not None:
-            found.append(obj[at:end])
-            start = end
-        else:
-            start = at + 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -452,6 +209,18 @@ def write(entry_dir: Path, key: CacheKey, art: Artifact, *, hmac_key: bytes | No
 # --------------------------------------------------------------------------------------------
 
 
+def mlir_text(data: bytes, file_name: str) -> str:
+    """The MLIR text of a stored ``mlir`` payload (bytecode is parsed with the DSL's MLIR bindings)."""
+    raw = zlib.decompress(data)
+    if not file_name.endswith(".mlirbc.zz"):
+        return raw.decode()
+    from cutlass._mlir import ir
+
+    ctx = ir.Context()
+    ctx.allow_unregistered_dialects = True
+    return str(ir.Module.parse(raw, ctx))
+
+
 def pack_manifest(manifest: dict[str, Any], *, hmac_key: bytes | None = None) -> bytes:
     """The manifest file's bytes: the msgpack body, sealed with its own sha256.
 
@@ -529,6 +298,14 @@ def read_manifest(entry_dir: Path, *, hmac_key: bytes | None = None, owner: int 
 
     ``owner``: see :func:`_read_regular` (the store passes its uid unless the root is shared).
     """
+    manifest = unpack_manifest(read_manifest_bytes(entry_dir, owner=owner), hmac_key=hmac_key)
+    _check_types(manifest)
+    return manifest
+
+
+def read_manifest_bytes(entry_dir: Path, *, owner: int | None = None) -> bytes:
+    """The manifest file as stored (bounded, never through a link), for :func:`read_manifest`
+    and for whoever must pass it on byte for byte (exports)."""
     path = entry_dir / MANIFEST
     try:
         raw = _read_regular(path, _MAX_MANIFEST_BYTES, owner)
@@ -544,9 +321,7 @@ def read_manifest(entry_dir: Path, *, hmac_key: bytes | None = None, owner: int 
         raise EntryError("unreadable", f"{path}: {exc}") from None
     if len(raw) > _MAX_MANIFEST_BYTES:
         raise EntryError("manifest", "larger than 1 MiB")
-    manifest = unpack_manifest(raw, hmac_key=hmac_key)
-    _check_types(manifest)
-    return manifest
+    return raw
 
 
 _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
@@ -637,13 +412,24 @@ def verify(entry_dir: Path, manifest: dict[str, Any], key: CacheKey | None, *, o
         if role is not None and kind != role:
             continue
         for item in items:
-            data = _read_payload(entry_dir / item["file"], item["size"], owner)
-            if _sha(data) != item["sha256"]:
-                raise EntryError("checksum", f"{kind} payload {item['file']} does not match its sha256")
+            data = read_payload(entry_dir, item, owner, role=kind)
             if kind == wanted:
                 out = data
     assert out is not None  # _check_types guarantees one object payload; the role was checked above
     return out
+
+
+def read_payload(entry_dir: Path, item: dict[str, Any], owner: int | None = None, *, role: str = "payload") -> bytes:
+    """One payload's bytes, read as a manifest record says and held to its size and sha256.
+
+    The one reader every consumer of payloads goes through (a hit, ``verify``, ``show``, the
+    device check, exports): bounded, never through a link, never blocking on a FIFO, and only
+    bytes that match their checksum come back; anything else is an :class:`EntryError`.
+    """
+    data = _read_payload(entry_dir / item["file"], item["size"], owner)
+    if _sha(data) != item["sha256"]:
+        raise EntryError("checksum", f"{role} payload {item['file']} does not match its sha256")
+    return data
 
 
 def _read_payload(path: Path, size: int, owner: int | None = None) -> bytes:
@@ -658,19 +444,3 @@ def _read_payload(path: Path, size: int, owner: int | None = None) -> bytes:
     if len(data) != size:
         raise EntryError("truncated", f"payload {path.name} has {len(data)} bytes, manifest says {size}")
     return data
-
-
-def preload_runtime() -> float:
-    """dlopen the DSL runtime libraries once per process (see :func:`.loader.preload`)."""
-    from . import loader
-
-    return loader.preload()
-
-
-def load(data: bytes, symbol: str, tvm_ffi: bool, *, role: str = "object") -> Any:
-    """Load verified bytes of ``role`` and return the callable (see :mod:`.loader`)."""
-    from . import loader
-
-    if role == "shared":
-        return loader.load_shared(data, symbol)
-    return loader.load_object(data, symbol, tvm_ffi)

@@ -1,4 +1,4 @@
-"""Size cap, least-recently-used eviction and housekeeping, ccache style.
+"""Size cap and least-recently-used eviction, ccache style; housekeeping is :mod:`.housekeeping`.
 
 **Size is a counter, not a walk.** ``<root>/usage`` holds the bytes the cache takes; every
 commit adds its bytes and every removal subtracts them, under an ``flock`` on that file (tens
@@ -6,8 +6,8 @@ of microseconds). Walking the tree after each commit cost 416-473 ms per commit 
 entries on our 2-core box, inside the single-flight lock; the 5G default holds ~14k entries.
 The counter is reconciled with one full walk when it is missing (a new root, ``rm -rf``), when
 it is a day old, or when a cull finds it cannot be right, always outside any compile lock
-(:func:`maintain`). Drift in between (a crash between a write and its count, a hand-deleted
-entry) is bounded by that.
+(:func:`.housekeeping.maintain`). Drift in between (a crash between a write and its count, a
+hand-deleted entry) is bounded by that.
 
 **Culling is bounded per commit.** Over the cap, a commit removes at most :data:`CULL_LIMIT`
 entries: first quarantined ones, then the least recently used among the entries of
@@ -19,27 +19,18 @@ for the whole cache). ``cute-diskcache evict`` and a full disk use the exact, wa
 useless on the ``noatime``/``relatime`` mounts most servers use. A touch is skipped when the
 entry was marked within the hour, so a hot entry costs one ``stat`` per hit.
 
-**Everything else under the root is bounded too** (:func:`maintain`, at most hourly per root,
-by a process that just committed, outside its compile lock): the quarantine keeps its newest
-:data:`QUARANTINE_MAX_ITEMS` entries within :data:`QUARANTINE_SHARE` of the cap; ``tmp/``
-scratch older than an hour and ``trash/`` leftovers go; idle lock files are pruned past
-:data:`LOCKS_MAX`; dead processes' statistics are folded; the daily walk also removes a
-killed writer's ``.tmp.*`` files, payloads no manifest names and entry directories that never
-got a manifest, once they are an hour old. All of it counts toward ``CUTE_DISKCACHE_MAX_SIZE``.
-
-Removal is one ``rename`` into ``trash/`` (atomic for readers, and it needs no free space on a
-full disk), then a delete.
+**Removal** (:func:`discard`, the one way anything under the root is deleted) is one
+``rename`` into ``trash/`` (atomic for readers, and it needs no free space on a full disk),
+then a delete.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
 import random
-import re
 import shutil
 import struct
 import time
@@ -47,53 +38,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from . import layout
+from . import config, layout
+from .config import format_size
 
 log = logging.getLogger("cute_diskcache")
 
-DEFAULT_MAX_SIZE = "5G"
 _TOUCH_EVERY_S = 3600.0
 _LOW_WATER = 0.9
 #: Entries a commit may remove when the cache is over its cap.
 CULL_LIMIT = 10
 #: Shard directories sampled for the approximate LRU of a commit's cull.
 SAMPLE_SHARDS = 16
-#: The quarantine keeps at most this many entries, within this share of the cap.
-QUARANTINE_MAX_ITEMS = 32
-QUARANTINE_SHARE = 0.05
-#: Idle lock files are pruned once there are more than this many.
-LOCKS_MAX = 4096
-#: Leftovers younger than this may belong to a writer still at work.
-GRACE_S = 3600.0
-_TRASH_GRACE_S = 60.0
-_HOUSEKEEP_EVERY_S = 3600.0
-_RECONCILE_EVERY_S = 86400.0
-
-_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT][iI]?)?[bB]?\s*$")
-
-
-def parse_size(text: str) -> int:
-    """``"5G"`` -> 5e9 bytes. K/M/G/T are decimal, Ki/Mi/Gi/Ti binary, as in ccache; a trailing B is allowed."""
-    m = _SIZE_RE.match(str(text))
-    if not m:
-        raise ValueError(f"not a size: {text!r} (examples: 500M, 5G, 2GiB, 1048576)")
-    number, unit = m.group(1), (m.group(2) or "").upper()
-    return int(float(number) * _UNITS[unit])
-
-
-def format_size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
+#: What was touched this recently may be work in flight (an entry being filled, trash being
+#: deleted): a full disk's cull and housekeeping leave it alone.
+IN_FLIGHT_S = 60.0
 
 
 def max_size() -> int:
-    """``CUTE_DISKCACHE_MAX_SIZE`` (0 means no cap), else 5 GB; see :mod:`.config`."""
-    from . import config
-
+    """The cap in bytes now (0: none); the setting is :func:`.config.max_size`'s to read."""
     return config.max_size()
 
 
@@ -122,7 +84,7 @@ class Usage:
     housekept_at: float = 0.0
 
 
-def _file_mode(shared: bool) -> int:
+def file_mode(shared: bool) -> int:
     """Bookkeeping files: private roots get 0644; a shared root's group must update them too."""
     return 0o666 if shared else 0o644
 
@@ -132,7 +94,7 @@ def _counter(root: Path, *, create: bool = True, shared: bool = False) -> Iterat
     """The counter file, locked; yields (fd, current value or None when missing or unreadable)."""
     path = Path(root) / layout.USAGE_FILE
     flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | (os.O_CREAT if create else 0)
-    fd = os.open(path, flags, _file_mode(shared))
+    fd = os.open(path, flags, file_mode(shared))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         raw = os.pread(fd, _USAGE.size, 0)
@@ -173,7 +135,7 @@ def adjust(root: Path, delta_bytes: int, delta_entries: int = 0, *, shared: bool
         return None
 
 
-def _mark(root: Path, **fields: Any) -> None:
+def mark(root: Path, **fields: Any) -> None:
     with contextlib.suppress(OSError):
         with _counter(root) as (fd, value):
             u = value or Usage()
@@ -221,6 +183,15 @@ def discard(root: Path, path: Path) -> int:
     return size
 
 
+def remove(root: Path, path: Path) -> int:
+    """:func:`discard` for an operator's removal (``prune``, an import replacing a bad entry):
+    the size counter learns what went. Returns the bytes freed."""
+    freed = discard(root, path)
+    if freed:
+        adjust(root, -freed)
+    return freed
+
+
 def _entries(root: Path) -> list[tuple[float, int, str, Path]]:
     """(last use, bytes, namespace, dir) of every entry directory: the full walk."""
     out = []
@@ -253,7 +224,7 @@ def _sample(root: Path, shards: int, per_shard: int = 8) -> list[tuple[float, in
     return out
 
 
-def _quarantined(root: Path) -> list[tuple[float, Path]]:
+def quarantined(root: Path) -> list[tuple[float, Path]]:
     return sorted((layout.last_used(Path(d.path)), Path(d.path)) for d in layout.subdirs(Path(root) / layout.QUARANTINE_DIR))
 
 
@@ -304,7 +275,7 @@ def note_commit(root: Path, added_bytes: int, *, entry_dir: Path | None = None, 
     over = u.bytes - goal
     removed: list[Path] = []
     freed = 0
-    for _used, q in _quarantined(root):  # garbage kept for post-mortems goes first
+    for _used, q in quarantined(root):  # garbage kept for post-mortems goes first
         if freed >= over or len(removed) >= CULL_LIMIT:
             break
         freed += discard(root, q)
@@ -315,7 +286,7 @@ def note_commit(root: Path, added_bytes: int, *, entry_dir: Path | None = None, 
         freed += got
     adjust(root, -freed, -len(removed), shared=shared)
     if not removed:  # over the cap with nothing to take: the counter drifted; the next maintain walks
-        _mark(root, reconciled_at=0.0)
+        mark(root, reconciled_at=0.0)
     else:
         log.info("culled %d entries from %s (%s over its cap)", len(removed), root, format_size(over))
     return removed
@@ -331,7 +302,7 @@ def evict(root: Path, max_bytes: int, *, dry_run: bool = False) -> list[Path]:
 
     stats.ensure_file()
     entries: list[tuple[float, int, str | None, Path]] = list(_entries(root))
-    quarantine: list[tuple[float, int, str | None, Path]] = [(used, layout.tree_bytes(q)[0], None, q) for used, q in _quarantined(root)]
+    quarantine: list[tuple[float, int, str | None, Path]] = [(used, layout.tree_bytes(q)[0], None, q) for used, q in quarantined(root)]
     total = sum(e[1] for e in entries) + sum(q[1] for q in quarantine) + _overhead_bytes(root)
     over = total - max_bytes
     gone, freed_q, freed_e = [], 0, 0
@@ -340,7 +311,7 @@ def evict(root: Path, max_bytes: int, *, dry_run: bool = False) -> list[Path]:
         _q, freed_q = _remove(root, quarantine, over=over, limit=None, dry_run=dry_run)
         gone, freed_e = _remove(root, entries, over=over - freed_q, limit=None, dry_run=dry_run)
     if not dry_run:
-        _mark(root, bytes=max(0, total - freed_q - freed_e), entries=len(entries) - len(gone), reconciled_at=time.time())
+        mark(root, bytes=max(0, total - freed_q - freed_e), entries=len(entries) - len(gone), reconciled_at=time.time())
         if gone:
             log.info("evicted %d entries from %s (down to %s)", len(gone), root, format_size(max_bytes))
     return gone
@@ -363,11 +334,11 @@ def make_room(root: Path, need: int, *, keep: Path | None = None) -> int:
     A full volume is rare and every later write fails until something goes, so this walks (exact
     LRU) rather than sample; quarantined entries go first.
     """
-    freed = sum(discard(root, q) for _u, q in _quarantined(root))
+    freed = sum(discard(root, q) for _u, q in quarantined(root))
     if freed < need:
         # Not what was touched in the last minute: those are writes in flight (other threads or
         # processes filling their entry directories right now) and the kernels just loaded.
-        settled = [e for e in _entries(root) if time.time() - e[0] > _TRASH_GRACE_S]
+        settled = [e for e in _entries(root) if time.time() - e[0] > IN_FLIGHT_S]
         _gone, got = _remove(root, settled, over=need - freed, limit=None, keep=keep)
         freed += got
     if freed:
@@ -377,7 +348,7 @@ def make_room(root: Path, need: int, *, keep: Path | None = None) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# Housekeeping and the full walk
+# The full walk
 # --------------------------------------------------------------------------------------------
 
 
@@ -416,149 +387,3 @@ def usage(root: Path) -> dict[str, Any]:
     overhead = _overhead(root)
     return {"bytes": total + sum(v["bytes"] for v in overhead.values()), "entry_bytes": total, "entries": count,
             "namespaces": namespaces, "overhead": overhead}
-
-
-def _stray_files(entry_dir: Path, now: float) -> list[Path]:
-    """Files in an entry older than :data:`GRACE_S` that its manifest does not name (a killed
-    writer's temp files, payloads a rewrite left behind); the whole directory if it never got a
-    manifest."""
-    from . import entry
-
-    try:
-        with os.scandir(entry_dir) as it:
-            files = [(Path(f.path), f.stat(follow_symlinks=False).st_mtime) for f in it if not f.is_dir(follow_symlinks=False)]
-    except OSError:
-        return []
-    if not files or all(now - m < GRACE_S for _p, m in files):
-        return []
-    try:
-        manifest = entry.read_manifest(entry_dir)
-    except entry.EntryError as exc:
-        if exc.reason == "absent":
-            return [entry_dir] if all(now - m >= GRACE_S for _p, m in files) else []
-        return []  # a bad entry is the lookup's to quarantine, not ours to pick apart
-    named = {entry.MANIFEST} | {item["file"] for items in manifest["payloads"].values() for item in items}
-    return [p for p, m in files if p.name not in named and now - m >= GRACE_S]
-
-
-def reconcile(root: Path) -> Usage:
-    """Walk everything once: drop stale leftovers, then set the counter to what is there."""
-    now = time.time()
-    for d in layout.entry_dirs(root):
-        for stray in _stray_files(d, now):
-            if stray.is_dir():
-                discard(root, stray)
-            else:
-                stray.unlink(missing_ok=True)
-    use = usage(root)
-    u = Usage(use["bytes"], use["entries"], time.time(), 0.0)
-    with contextlib.suppress(OSError):
-        with _counter(root) as (fd, value):
-            u.housekept_at = value.housekept_at if value else 0.0
-            _store(fd, u)
-    return u
-
-
-def housekeep(root: Path, *, now: float | None = None) -> dict[str, int]:
-    """Bound what is not an entry: quarantine, tmp/, trash/, lock files, dead processes' statistics."""
-    from . import locking, stats
-
-    root = Path(root)
-    now = time.time() if now is None else now
-    done = {"quarantine": 0, "tmp": 0, "trash": 0, "locks": 0, "stats": 0}
-    freed = 0
-    got, n = trim_quarantine(root)
-    freed += got
-    done["quarantine"] = n
-    for name, grace in ((layout.TMP_DIR, GRACE_S), (layout.TRASH_DIR, _TRASH_GRACE_S)):
-        base = root / name
-        try:
-            items = list(os.scandir(base))
-        except OSError:
-            continue
-        for d in items:
-            try:
-                if now - d.stat(follow_symlinks=False).st_mtime < grace:
-                    continue
-                if d.is_dir(follow_symlinks=False):
-                    size = layout.tree_bytes(Path(d.path))[0]
-                    shutil.rmtree(d.path, ignore_errors=True)
-                else:
-                    size = d.stat(follow_symlinks=False).st_size
-                    os.unlink(d.path)
-            except OSError:
-                continue
-            done[name] += 1
-            freed += size
-    _b, nlocks = layout.tree_bytes(root / layout.LOCKS_DIR)
-    if nlocks > LOCKS_MAX:
-        done["locks"] = locking.prune(root)
-    done["stats"] = stats.fold(root)
-    if freed:
-        adjust(root, -freed)
-    return done
-
-
-def trim_quarantine(root: Path) -> tuple[int, int]:
-    """Keep the newest :data:`QUARANTINE_MAX_ITEMS` quarantined entries within their share of the cap."""
-    items = _quarantined(root)
-    cap = max_size()
-    budget = int(cap * QUARANTINE_SHARE) if cap > 0 else None
-    sizes = [layout.tree_bytes(p)[0] for _u, p in items]
-    total = sum(sizes)
-    freed = removed = 0
-    for (_used, path), size in zip(items, sizes):  # oldest first
-        if len(items) - removed <= QUARANTINE_MAX_ITEMS and (budget is None or total - freed <= budget):
-            break
-        freed += discard(root, path)
-        removed += 1
-    return freed, removed
-
-
-@contextlib.contextmanager
-def _maintenance_lock(root: Path, shared: bool) -> Iterator[bool]:
-    """Whether we got the root's maintenance lock (never waited for: someone else is doing it)."""
-    from . import trust
-
-    path = Path(root) / layout.LOCKS_DIR / "maintenance.lock"
-    try:
-        trust.make_dirs(Path(root), path.parent, shared=shared)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), _file_mode(shared))
-    except OSError:
-        yield False
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
-                log.debug("maintenance lock: %s", exc)
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
-
-
-def maintain(root: Path, *, force: bool = False, shared: bool = False) -> dict[str, Any] | None:
-    """Reconcile the counter (daily, or when missing) and housekeep (hourly); None if not due.
-
-    Called by a process after a commit, outside its compile lock, so a miss never waits on it;
-    only one process per root does it at a time.
-    """
-    u = read_usage(root)
-    now = time.time()
-    walk = force or u is None or now - u.reconciled_at > _RECONCILE_EVERY_S
-    keep = force or u is None or now - u.housekept_at > _HOUSEKEEP_EVERY_S
-    if not (walk or keep):
-        return None
-    with _maintenance_lock(root, shared) as mine:
-        if not mine:
-            return None
-        out: dict[str, Any] = {}
-        if keep:
-            _mark(root, housekept_at=now)
-            out["housekeeping"] = housekeep(root, now=now)
-        if walk:
-            out["usage"] = reconcile(root)
-        return out

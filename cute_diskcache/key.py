@@ -27,6 +27,8 @@ from typing import Any, Iterable, Mapping
 
 import msgpack
 
+from . import config
+
 #: Bumped when the encoding or the manifest layout changes; old entries then simply miss.
 FORMAT_VERSION = 1
 
@@ -212,10 +214,11 @@ _ENV_READ = re.compile(
     rb"""|["']([A-Z][A-Z0-9_]{2,})["']\s+(?:not\s+)?in\s+(?:os\.)?environ\b"""
 )
 #: Variables a module may read that never change the code a compile generates: paths and
-#: tools, logging and tracing, caching switches, process placement. Everything else a kernel's
-#: modules read is keyed (a value constant within a process never needs to be in an in-process
-#: key, but a disk cache shared across processes must hold it). ``CUTE_DSL_*`` variables are
-#: keyed by :func:`codegen_env` under their own rules.
+#: tools, process placement, and our own settings. Everything else a kernel's modules read is
+#: keyed (a value constant within a process never needs to be in an in-process key, but a disk
+#: cache shared across processes must hold it). ``CUTE_DSL_*`` variables are keyed by
+#: :func:`codegen_env` under their own rules; a site adapter adds its library's own such
+#: variables (flashinfer's logging and cache paths: :mod:`.flashinfer_sites`).
 NOT_CODEGEN_ENV = frozenset({
     # paths, tools, the shell
     "HOME", "USER", "USERNAME", "PATH", "PATHEXT", "TMPDIR", "TERM", "LIB", "INCLUDE", "CC", "CXX", "MAX_JOBS",
@@ -223,14 +226,8 @@ NOT_CODEGEN_ENV = frozenset({
     # process placement: which GPU and rank, not what is compiled for it (the device facts are checked apart)
     "CUDA_VISIBLE_DEVICES", "CUDA_LAUNCH_BLOCKING", "LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
     "MASTER_ADDR", "MASTER_PORT",
-    # flashinfer's logging, tracing, download and cache locations
-    "FLASHINFER_WORKSPACE_BASE", "FLASHINFER_WORKSPACE_DIR", "FLASHINFER_CACHE_DIR", "FLASHINFER_LOGLEVEL",
-    "FLASHINFER_LOGDEST", "FLASHINFER_LOG_LEVEL", "FLASHINFER_LOGGING_LEVEL", "FLASHINFER_JIT_VERBOSE",
-    "FLASHINFER_DISABLE_VERSION_CHECK", "FLASHINFER_CUTE_DSL_DISABLE_CACHE", "FLASHINFER_TRACE_DUMP",
-    "FLASHINFER_TRACE_DUMP_DIR", "FLASHINFER_TRACE_APPLY", "FLASHINFER_NO_DOWNLOAD", "FLASHINFER_AUTOTUNE_DIR",
-    "SPDLOG_LEVEL", "TLLM_LOG_LEVEL", "TLLM_LOG_FIRST_RANK_ONLY",
     # our own switches
-    "FLASHINFER_B12X_DISK_CACHE",
+    config.ENABLE_ENV, *(env for env, _default, _meaning in config.SETTINGS_DOC.values()),
 })
 
 
@@ -372,10 +369,15 @@ def code_stamp(stamp: tuple[Any, ...]) -> bool:
     return True
 
 
-def keyed_env(reads: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The variables among ``reads`` that are set and may change codegen: part of a key."""
+def keyed_env(reads: Iterable[str], environ: Mapping[str, str] | None = None, *, not_codegen: Iterable[str] = ()) -> dict[str, str]:
+    """The variables among ``reads`` that are set and may change codegen: part of a key.
+
+    ``not_codegen``: more names to leave out, which the caller's library documents as logging,
+    paths or caching (see :data:`NOT_CODEGEN_ENV`).
+    """
     environ = os.environ if environ is None else environ
-    return {n: environ[n] for n in sorted(set(reads)) if n in environ and n not in NOT_CODEGEN_ENV and not n.startswith("CUTE_DSL_")}
+    skip = NOT_CODEGEN_ENV | frozenset(not_codegen)
+    return {n: environ[n] for n in sorted(set(reads)) if n in environ and n not in skip and not n.startswith("CUTE_DSL_")}
 
 
 @dataclass(frozen=True)

@@ -37,10 +37,24 @@ ROOT_DIRS = (LAYOUT, QUARANTINE_DIR, LOCKS_DIR, STATS_DIR, TRASH_DIR, TMP_DIR)
 NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 FILE_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,199}")
+_ENTRY_FILE = re.compile(rf"{LAYOUT}/([^/]+)/([^/]+)/([^/]+)/([^/]+)")
 
 
 def entry_dir(root: Path, namespace: str, digest: str) -> Path:
     return Path(root) / LAYOUT / namespace / digest[:2] / digest
+
+
+def entry_file(relative: str) -> tuple[str, str, str] | None:
+    """``(namespace, digest, file)`` of a path relative to a root that names an entry's file
+    exactly as we lay it out (``v1/<ns>/<digest[:2]>/<digest>/<file>``), else None: how a bundle
+    member or a remote object's file is held to the layout before anything touches the disk."""
+    m = _ENTRY_FILE.fullmatch(relative)
+    if not m:
+        return None
+    ns, shard, digest, file = m.groups()
+    if not (valid_namespace(ns) and DIGEST_RE.fullmatch(digest) and shard == digest[:2] and FILE_RE.fullmatch(file)):
+        return None
+    return ns, digest, file
 
 
 def valid_namespace(name: str) -> bool:

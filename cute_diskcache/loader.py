@@ -88,9 +88,9 @@ def preload() -> float:
 
 def enabled() -> bool:
     """``CUTE_DISKCACHE_SHARED_OBJECTS`` (default on): link at a miss, load the shared object on a hit."""
-    from .config import env_flag
+    from . import config
 
-    return env_flag("CUTE_DISKCACHE_SHARED_OBJECTS", default=True)
+    return config.flag("shared_objects")
 
 
 def shared_supported() -> bool:

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import config
+
 #: Exit codes: 0 all good, 1 some kernels failed, 2 the model or config cannot be prewarmed.
 EXIT_FAILED, EXIT_UNSUPPORTED = 1, 2
 #: Relative compile cost by kind (measured on 0.6.15.post1): schedule the long ones first.
@@ -170,7 +172,7 @@ def mark_cached(kernels: dict[str, Kernel]) -> None:
             if k.status == "cached" and k.path and os.path.isfile(k.path):
                 k.bytes = os.path.getsize(k.path)
             continue
-        if k.key is not None and store.lookup(k.key) is not None:
+        if k.key is not None and store.lookup_or_quarantine(k.key) is not None:
             k.status, k.bytes = "cached", _entry_size(store.entry_dir(k.key))
 
 
@@ -432,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ep", type=int, default=1, help="expert parallel size (shards the experts)")
     ap.add_argument("--max-num-tokens", type=int, default=8192, help="the engine's max_num_batched_tokens")
     ap.add_argument("--m", type=parse_ms, default=None, help="token counts to cover, e.g. 1-8,16,128 (default 1..max-num-tokens)")
-    ap.add_argument("--target", default=os.environ.get("CUTE_DISKCACHE_TARGET"), help="device profile to compile for (no GPU needed)")
+    ap.add_argument("--target", default=config.text("target"), help="device profile to compile for (no GPU needed)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--dry-run", action="store_true", help="list the kernels, compile nothing")
     ap.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -450,28 +452,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--worker-shape", help=argparse.SUPPRESS)
     ap.add_argument("--worker-dense", help=argparse.SUPPRESS)
     return ap
-
-
-def target_refusal(name: str | None) -> str | None:
-    """Why ``--target NAME`` cannot be used here (one line for exit status 2), or None.
-
-    Checked before anything is planned or compiled: an unknown name or unreadable JSON
-    profile, or a profile on a machine that sees a real CUDA device (see
-    :func:`~.targets.apply`), must not surface as a traceback and exit 1, which a build script
-    would read as "kernels failed".
-    """
-    if not name:
-        return None
-    from . import config, targets
-
-    try:
-        profile = targets.get(name)
-    except targets.UnknownProfileError as exc:
-        return str(exc)
-    if targets.cuda_device_visible() and not config.env_flag("CUTE_DISKCACHE_TARGET_FORCE"):
-        return (f"target profile {profile.name} refused: a CUDA device is visible here; run prewarm without --target to "
-                f"build for this card, or set CUTE_DISKCACHE_TARGET_FORCE=1 to build for {profile.name} anyway")
-    return None
 
 
 def _shapes(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
@@ -510,7 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.model:
         print("error: --model is required (try --list-models)", file=sys.stderr)
         return EXIT_UNSUPPORTED
-    refusal = target_refusal(args.target)
+    from . import targets
+
+    refusal = targets.refusal(args.target)
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr)
         return EXIT_UNSUPPORTED

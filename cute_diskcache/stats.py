@@ -35,7 +35,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import msgpack
 
@@ -361,24 +361,14 @@ def fold(root: Path) -> int:
             fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return 0
-        for path in _files(folder):
-            try:
-                fd = _gone(path)
-            except OSError:
-                continue
-            if fd is not None:
-                held.append((path, fd))
+        held = [(path, fd) for path, fd in _liveness(folder) if fd is not None]
         if len(held) < 2 and not any(not p.name.startswith(_COMPACTED) for p, _fd in held):
             return 0
-        merged: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-        for path, _fd in held:
-            for ns, counts in _read(path).items():
-                for f, v in counts.items():
-                    merged[ns][f] += v
+        merged = _sum(path for path, _fd in held)
         name = f"{_COMPACTED}{socket.gethostname()}-{os.getpid()}-{time.time_ns()}{_LEGACY_SUFFIX}"
         tmp = folder / f".tmp.{name}"
         try:
-            tmp.write_bytes(msgpack.packb({"host": "compacted", "pid": 0, "counts": {ns: dict(c) for ns, c in merged.items()}}))
+            tmp.write_bytes(msgpack.packb({"host": "compacted", "pid": 0, "counts": merged}))
             os.replace(tmp, folder / name)
         except OSError:
             with contextlib.suppress(OSError):
@@ -399,12 +389,28 @@ def aggregate(root: Path, *, compact: bool = False) -> dict[str, dict[str, float
     flush()
     if compact:
         fold(root)
+    return _sum(_files(Path(root) / _DIR))
+
+
+def _sum(paths: Iterable[Path]) -> dict[str, dict[str, float]]:
     total: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for path in _files(Path(root) / _DIR):
+    for path in paths:
         for ns, counts in _read(path).items():
             for f, v in counts.items():
                 total[ns][f] += v
     return {ns: dict(c) for ns, c in total.items()}
+
+
+def _liveness(folder: Path) -> list[tuple[Path, int | None]]:
+    """Every statistics file under ``folder`` with, for a finished process's, a descriptor holding
+    its lock (the caller closes it; None: its process is alive). Unreadable files are left out."""
+    out: list[tuple[Path, int | None]] = []
+    for path in _files(folder):
+        try:
+            out.append((path, _gone(path)))
+        except OSError:
+            continue
+    return out
 
 
 def files(root: Path) -> dict[str, int]:
@@ -423,11 +429,7 @@ def zero(root: Path) -> None:
     with _lock:
         if _root is not None and Path(_root) == Path(root):
             _memory.clear()
-    for path in _files(folder):
-        try:
-            fd = _gone(path)
-        except OSError:
-            continue
+    for path, fd in _liveness(folder):
         if fd is not None:
             os.close(fd)
             with contextlib.suppress(OSError):

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from . import entry, eviction, layout, locking, stats, trust
+from . import entry, eviction, housekeeping, layout, locking, stats, trust
 from .key import CacheKey
 from .layout import LAYOUT
 
@@ -104,7 +104,7 @@ class Store:
     def writable(self) -> bool:
         return not self.readonly and self._write_disabled_reason is None and self.trusted
 
-    def can_write(self) -> bool:
+    def probe_writable(self) -> bool:
         """:attr:`writable`, after asking the filesystem once (the first time a write is wanted).
 
         A root on a read-only mount or without write permission becomes read-only-in-memory
@@ -147,7 +147,7 @@ class Store:
 
     # -- read side ----------------------------------------------------------------------------
 
-    def lookup(self, key: CacheKey, *, load: bool = False) -> Found | None:
+    def lookup_or_quarantine(self, key: CacheKey, *, load: bool = False) -> Found | None:
         """A verified ``(manifest, bytes)`` for ``key`` (a :class:`Found`), or None.
 
         Without ``load`` every payload is checked and the bytes are the object's. With ``load``
@@ -234,13 +234,13 @@ class Store:
                 shutil.rmtree(path, ignore_errors=True)
             return
         with contextlib.suppress(OSError):
-            eviction.trim_quarantine(self.root)
+            housekeeping.trim_quarantine(self.root)
 
     # -- write side ---------------------------------------------------------------------------
 
     def commit(self, key: CacheKey, art: entry.Artifact) -> dict[str, Any] | None:
         """Persist ``art``; returns its manifest, or None if the disk refused (then warns once)."""
-        if not self.can_write():
+        if not self.probe_writable():
             return None
         try:
             return self._commit_retrying(key, art)
@@ -254,7 +254,7 @@ class Store:
         retries once. Returns the manifest, or None (the disk refused: one warning, as :meth:`commit`).
         Exceptions of ``make_artifact`` other than ``OSError`` propagate (the caller counts them).
         """
-        if not self.can_write():
+        if not self.probe_writable():
             return None
         for attempt in range(2):
             try:
@@ -318,27 +318,34 @@ class Store:
             return False
         return freed > 0
 
-    @contextlib.contextmanager
-    def scratch(self, purpose: str) -> Iterator[Path]:
-        """A fresh private directory under ``<root>/tmp`` (same filesystem as the entries), removed after."""
+    def scratch_dir(self, purpose: str) -> Path:
+        """A fresh private directory under ``<root>/tmp``: on the entries' filesystem, so what is
+        staged there moves into ``v1/`` with one rename. The caller removes it (housekeeping
+        takes what a killed process left, after an hour)."""
         base = self.root / layout.TMP_DIR
         trust.make_dirs(self.root, base, shared=self.trust_shared)
         path = base / f"{purpose}-{_host()}-{os.getpid()}-{os.urandom(4).hex()}"
         path.mkdir(mode=0o700)
+        return path
+
+    @contextlib.contextmanager
+    def scratch(self, purpose: str) -> Iterator[Path]:
+        """:meth:`scratch_dir`, removed after."""
+        path = self.scratch_dir(purpose)
         try:
             yield path
         finally:
             shutil.rmtree(path, ignore_errors=True)
 
     def maintain(self) -> None:
-        """Hourly housekeeping and the daily size reconcile (:func:`.eviction.maintain`), if due.
+        """Hourly housekeeping and the daily size reconcile (:func:`.housekeeping.maintain`), if due.
 
         The cache calls it after a commit, once the compile lock is released; never raises.
         """
         if not self.writable:
             return
         try:
-            eviction.maintain(self.root, shared=self.trust_shared)
+            housekeeping.maintain(self.root, shared=self.trust_shared)
         except Exception as exc:  # bookkeeping must never cost a kernel
             log.debug("maintenance of %s skipped: %s", self.root, exc)
 
@@ -348,7 +355,7 @@ class Store:
 
         A store that cannot write takes no lock: nobody could load what its compile produces.
         """
-        if not self.can_write():
+        if not self.probe_writable():
             yield locking.Flight(False, "off")
             return
         with locking.single_flight(

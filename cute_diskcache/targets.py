@@ -202,6 +202,27 @@ def _nvml_device_count() -> int | None:
             pass
 
 
+def refusal(name: str | None) -> str | None:
+    """Why profile ``name`` cannot be used here (one line, for exit status 2), or None.
+
+    Checked before anything is planned or compiled: an unknown name or unreadable JSON profile,
+    or a profile on a machine that sees a real CUDA device (see :func:`apply`), must not surface
+    as a traceback and exit 1, which a build script would read as "kernels failed".
+    """
+    if not name:
+        return None
+    from . import config
+
+    try:
+        profile = get(name)
+    except UnknownProfileError as exc:
+        return str(exc)
+    if cuda_device_visible() and not config.flag("target_force"):
+        return (f"target profile {profile.name} refused: a CUDA device is visible here; run without --target to "
+                f"build for this card, or set CUTE_DISKCACHE_TARGET_FORCE=1 to build for {profile.name} anyway")
+    return None
+
+
 def cuda_device_visible() -> bool:
     """Whether this process can see a CUDA device (without creating a CUDA context).
 
@@ -245,9 +266,9 @@ def apply(profile: DeviceProfile | str, *, force: bool = False) -> DeviceProfile
         if _active != p:
             raise RuntimeError(f"target profile {_active.name} already applied; cannot switch to {p.name}")
         return p
-    from .config import env_flag
+    from . import config
 
-    if not (force or env_flag("CUTE_DISKCACHE_TARGET_FORCE")) and cuda_device_visible():
+    if not (force or config.flag("target_force")) and cuda_device_visible():
         raise ProfileRefused(
             f"target profile {p.name} refused: a CUDA device is visible, and a profile would stand in for it in the whole "
             f"process (torch.cuda's device queries and streams); unset CUTE_DISKCACHE_TARGET to use the real device, "
@@ -273,5 +294,7 @@ def apply(profile: DeviceProfile | str, *, force: bool = False) -> DeviceProfile
 
 
 def apply_from_env() -> DeviceProfile | None:
-    name = os.environ.get("CUTE_DISKCACHE_TARGET")
+    from . import config
+
+    name = config.text("target")
     return apply(name) if name else None

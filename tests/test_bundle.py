@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 
 from _helpers import flip_byte, make_artifact, make_env, make_key, payload_path  # noqa: E402
 
-from cute_diskcache import bundle, cli, entry, stats  # noqa: E402
+from cute_diskcache import bundle, cli, entry, ingest, layout, stats  # noqa: E402
 from cute_diskcache.key import CacheKey  # noqa: E402
 
 
@@ -57,7 +57,7 @@ def files_of(root: Path) -> dict[str, bytes]:
 
 
 def digests(root: Path) -> list[str]:
-    return sorted(d.name for d in bundle.entry_dirs(root))
+    return sorted(d.name for d in layout.entry_dirs(root))
 
 
 def members(path: Path) -> list[tuple[tarfile.TarInfo, bytes | None]]:
@@ -111,13 +111,13 @@ def test_round_trip_keeps_digests_and_bytes(src: Path, tmp_path: Path) -> None:
     assert imported.ok and sorted(imported.imported) == digests(src)
     assert digests(dst) == digests(src)
     assert files_of(dst) == files_of(src)
-    assert not list((dst / bundle.TMP_DIR).iterdir()), "staging is cleaned up"
-    for d in bundle.entry_dirs(dst):
-        bundle.check(d)
+    assert not list((dst / layout.TMP_DIR).iterdir()), "staging is cleaned up"
+    for d in layout.entry_dirs(dst):
+        ingest.check(d)
 
 
 def test_export_leaves_bad_entries_out(src: Path, tmp_path: Path) -> None:
-    victim = sorted(bundle.entry_dirs(src))[1]
+    victim = sorted(layout.entry_dirs(src))[1]
     flip_byte(payload_path(victim, entry.read_manifest(victim), "object"))
     (src / "v1" / victim.parent.parent.name / "ab" / ("ab" + "1" * 62)).mkdir(parents=True)  # no manifest: a writer at work
     path = tmp_path / "b.tgz"
@@ -172,7 +172,7 @@ def test_one_corrupted_entry_does_not_stop_the_others(src: Path, tmp_path: Path,
     assert not report.ok
     assert [b["digest"] for b in report.bad] == [victim] and report.bad[0]["reason"].startswith("checksum")
     assert sorted(report.imported) == sorted(set(digests(src)) - {victim}) == digests(dst)
-    assert not list((dst / bundle.TMP_DIR).iterdir())
+    assert not list((dst / layout.TMP_DIR).iterdir())
 
     assert cli.main(["--root", str(tmp_path / "dst2"), "import", str(bad)]) == 1
     out = capsys.readouterr().out
@@ -180,7 +180,7 @@ def test_one_corrupted_entry_does_not_stop_the_others(src: Path, tmp_path: Path,
 
 
 def _valid_entry_members(src: Path) -> list[tuple[tarfile.TarInfo, bytes]]:
-    d = sorted(bundle.entry_dirs(src))[0]
+    d = sorted(layout.entry_dirs(src))[0]
     rel = d.relative_to(src).as_posix()
     return [reg(f"{rel}/{p.name}", p.read_bytes()) for p in sorted(d.iterdir())]
 
@@ -223,7 +223,7 @@ def test_hostile_member_is_refused(case: str, src: Path, tmp_path: Path) -> None
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "deep" / "escaped").exists()
     assert not Path("/tmp/cute-diskcache-test-escaped").exists()
     assert not (dst / "evil.sh").exists() and not list(dst.rglob("evil")) and not list(dst.rglob(".pth"))
-    assert not list((dst / bundle.TMP_DIR).iterdir())
+    assert not list((dst / layout.TMP_DIR).iterdir())
 
 
 def test_link_in_place_of_a_payload_fails_that_entry(src: Path, tmp_path: Path) -> None:
@@ -286,9 +286,9 @@ def test_truncated_bundle_imports_what_is_whole(src: Path, tmp_path: Path) -> No
     report = bundle.import_bundle(dst, path)
     assert not report.ok and any(r["member"] == "(stream)" for r in report.rejected)
     assert 0 < len(report.imported) < 24
-    for d in bundle.entry_dirs(dst):
-        bundle.check(d)  # whatever came in is whole
-    assert not list((dst / bundle.TMP_DIR).iterdir())
+    for d in layout.entry_dirs(dst):
+        ingest.check(d)  # whatever came in is whole
+    assert not list((dst / layout.TMP_DIR).iterdir())
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,7 +317,7 @@ def test_import_replaces_a_bad_entry_and_quarantines_it(src: Path, tmp_path: Pat
     flip_byte(payload_path(mine, entry.read_manifest(mine), "cubin"))
     report = bundle.import_bundle(dst, path)
     assert report.ok and report.replaced == [key.digest]
-    bundle.check(mine)
+    ingest.check(mine)
     assert files_of(dst) == files_of(src)
     assert [p for p in (dst / "quarantine").iterdir() if key.digest in p.name and "checksum" in p.name]
 
@@ -356,8 +356,8 @@ def test_signed_entries_travel_signed_and_only_our_key_lets_them_in(tmp_path: Pa
 
     ok = bundle.import_bundle(tmp_path / "a", tmp_path / "s.tgz", hmac_key=b"fleet-key")
     assert ok.ok and len(ok.imported) == 2
-    for d in bundle.entry_dirs(tmp_path / "a"):
-        bundle.check(d, hmac_key=b"fleet-key")
+    for d in layout.entry_dirs(tmp_path / "a"):
+        ingest.check(d, hmac_key=b"fleet-key")
     other = bundle.import_bundle(tmp_path / "b", tmp_path / "s.tgz", hmac_key=b"another-key")
     assert len(other.bad) == 2 and all(b["reason"].startswith("signature") for b in other.bad) and digests(tmp_path / "b") == []
     unsigned = bundle.import_bundle(tmp_path / "c", tmp_path / "p.tgz", hmac_key=b"fleet-key")
@@ -425,15 +425,21 @@ def _bomb(path: Path, members_: list[tuple[tarfile.TarInfo, bytes | None]], name
 
 
 def _staged_bytes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Sizes of what import stages, as it stages it."""
+    """Bytes of each file import stages, as it writes them."""
     staged: list[int] = []
-    real = bundle._stage_member
+    real = ingest.stage_file
 
-    def counting(tar: Any, member: tarfile.TarInfo, dest: Path, *args: Any) -> None:
-        staged.append(member.size)
-        real(tar, member, dest, *args)
+    def counting(dest: Path, chunks: Any, **kw: Any) -> None:
+        staged.append(0)
 
-    monkeypatch.setattr(bundle, "_stage_member", counting)
+        def counted() -> Any:
+            for chunk in chunks:
+                staged[-1] += len(chunk)
+                yield chunk
+
+        real(dest, counted(), **kw)
+
+    monkeypatch.setattr(ingest, "stage_file", counting)
     return staged
 
 
@@ -502,7 +508,7 @@ def test_non_ascii_signature_is_a_bad_entry_not_a_crash(src: Path, tmp_path: Pat
     """hmac.compare_digest raised TypeError on a str with non-ASCII characters: verify and import crashed."""
     import msgpack
 
-    d = sorted(bundle.entry_dirs(src))[0]
+    d = sorted(layout.entry_dirs(src))[0]
     outer = msgpack.unpackb((d / entry.MANIFEST).read_bytes(), raw=False)
     outer["hmac"] = "\u00e9" * 64
     (d / entry.MANIFEST).write_bytes(msgpack.packb(outer, use_bin_type=True))

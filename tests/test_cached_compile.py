@@ -104,7 +104,7 @@ def test_edited_and_reloaded_kernel_compiles_its_new_body(tmp_path: Path) -> Non
     # After the edit and reload: a new compile, a new kernel object; never the old body's.
     assert out["second"]["compiles"] == 2 and out["second"]["hits"] == 0, out
     assert out["same_object_after_reload"] is False
-    (first, _), (_same, _), (second, _) = out["events"][0], out["events"][0], out["events"][-1]
+    (first, _), (second, _) = out["events"][0], out["events"][-1]
     cubins = _cubins(root)
     assert sorted(cubins) == sorted({first, second}) and first != second, "each body stored under its own code's key"
     assert cubins[first] != cubins[second], "the two bodies compiled to different code"

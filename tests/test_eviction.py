@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _helpers import make_artifact, make_key  # noqa: E402
 
-from cute_diskcache import eviction  # noqa: E402
+from cute_diskcache import config, eviction, housekeeping  # noqa: E402
 from cute_diskcache.store import Store  # noqa: E402
 
 
@@ -26,13 +26,13 @@ from cute_diskcache.store import Store  # noqa: E402
      ("10k", 10_000), ("3 MiB", 3 * 2**20), ("0", 0), ("7GB", 7 * 10**9)],
 )
 def test_parse_size(text: str, expected: int) -> None:
-    assert eviction.parse_size(text) == expected
+    assert config.parse_size(text) == expected
 
 
 @pytest.mark.parametrize("bad", ["", "G", "5X", "-1G", "five"])
 def test_parse_size_refuses_nonsense(bad: str) -> None:
     with pytest.raises(ValueError):
-        eviction.parse_size(bad)
+        config.parse_size(bad)
 
 
 def _fill(root: Path, n: int) -> list[Path]:
@@ -94,12 +94,12 @@ def test_cap_is_enforced_on_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         store.commit(make_key(site_key=("micro", i)), make_artifact((bytes([i]) * 4000,)))
         assert eviction.usage(tmp_path)["bytes"] <= one * 4
     # The newest entry always survives its own write.
-    assert store.lookup(make_key(site_key=("micro", 19))) is not None
+    assert store.lookup_or_quarantine(make_key(site_key=("micro", 19))) is not None
 
 
 def test_bad_cap_falls_back_to_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUTE_DISKCACHE_MAX_SIZE", "lots")
-    assert eviction.max_size() == eviction.parse_size(eviction.DEFAULT_MAX_SIZE)
+    assert eviction.max_size() == config.parse_size(config.DEFAULT_MAX_SIZE)
 
 
 _FULL_DISK = textwrap.dedent(
@@ -175,7 +175,7 @@ def test_a_commit_never_walks_the_cache(tmp_path: Path, monkeypatch: pytest.Monk
     store = Store(tmp_path)
     for i in range(400):
         assert store.commit(make_key(site_key=("micro", i)), make_artifact((bytes([i % 250 + 1]) * 2000,))) is not None
-    walked = eviction.reconcile(tmp_path)
+    walked = housekeeping.reconcile(tmp_path)
     assert walked.entries == 400 and walked.bytes == eviction.usage(tmp_path)["bytes"]
 
     monkeypatch.setenv("CUTE_DISKCACHE_MAX_SIZE", "1G")  # a cap far away: a commit reads the counter, nothing more
@@ -191,7 +191,7 @@ def test_a_commit_never_walks_the_cache(tmp_path: Path, monkeypatch: pytest.Monk
     shards = sum(1 for c in calls if Path(c).parent.parent.name == "v1")
     assert shards <= eviction.SAMPLE_SHARDS and len(calls) < 200, len(calls)
     assert 0 < 401 - eviction.read_usage(tmp_path).entries <= eviction.CULL_LIMIT
-    assert store.lookup(newest) is not None, "the entry just written survives its own commit"
+    assert store.lookup_or_quarantine(newest) is not None, "the entry just written survives its own commit"
 
 
 def test_counter_follows_commits_and_evictions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_fsync: None) -> None:
@@ -209,12 +209,12 @@ def test_quarantine_is_bounded(tmp_path: Path, no_fsync: None) -> None:
     from cute_diskcache import entry
 
     store = Store(tmp_path)
-    for i in range(eviction.QUARANTINE_MAX_ITEMS + 8):
+    for i in range(housekeeping.QUARANTINE_MAX_ITEMS + 8):
         key = make_key(site_key=("micro", i))
         assert store.commit(key, make_artifact()) is not None
         store.quarantine(store.entry_dir(key), entry.EntryError("checksum", "test"))
     left = list(store.quarantine_dir.iterdir())
-    assert len(left) == eviction.QUARANTINE_MAX_ITEMS
+    assert len(left) == housekeeping.QUARANTINE_MAX_ITEMS
     assert f"-{make_key(site_key=('micro', 0)).digest}-" not in " ".join(p.name for p in left), "oldest first"
 
 
@@ -225,7 +225,7 @@ def test_housekeeping_bounds_every_leftover(tmp_path: Path, monkeypatch: pytest.
 
     monkeypatch.setenv("CUTE_DISKCACHE_MAX_SIZE", "0")
     (kept,) = _fill(tmp_path, 1)
-    old = time.time() - 2 * eviction.GRACE_S
+    old = time.time() - 2 * housekeeping.GRACE_S
 
     def leftover(path: Path, data: bytes) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -244,15 +244,15 @@ def test_housekeeping_bounds_every_leftover(tmp_path: Path, monkeypatch: pytest.
     young.write_bytes(b"u")
     locks = tmp_path / "locks" / "00"
     locks.mkdir(parents=True)
-    for i in range(eviction.LOCKS_MAX + 10):
+    for i in range(housekeeping.LOCKS_MAX + 10):
         (locks / f"{i:064x}.lock").touch()
 
-    done = eviction.maintain(tmp_path, force=True)
+    done = housekeeping.maintain(tmp_path, force=True)
     assert done is not None
     assert not scratch.exists() and not trash.exists()
     assert not stray.exists() and not orphan.exists() and not headless.exists() and young.exists()
-    assert entry.read_manifest(kept) and Store(tmp_path).lookup(make_key(site_key=("micro", 0))) is not None
-    assert done["housekeeping"]["locks"] == eviction.LOCKS_MAX + 10 and not list(locks.iterdir())
+    assert entry.read_manifest(kept) and Store(tmp_path).lookup_or_quarantine(make_key(site_key=("micro", 0))) is not None
+    assert done["housekeeping"]["locks"] == housekeeping.LOCKS_MAX + 10 and not list(locks.iterdir())
     assert locking.prune(tmp_path) == 0
     assert eviction.read_usage(tmp_path).bytes == eviction.usage(tmp_path)["bytes"], "the walk sets the counter"
-    assert eviction.maintain(tmp_path) is None, "not due again for an hour"
+    assert housekeeping.maintain(tmp_path) is None, "not due again for an hour"

@@ -655,4 +655,7 @@ print("NOT_AN_ENV_READ")
         "FLASHINFER_B12X_FORCE_MOE_W4A16", "FLASHINFER_B12X_MICRO_SHARE_INPUT", "FLASHINFER_B12X_STATIC_COMPACT_CUTOVER_PAIRS",
         "MOE_AUTOTUNE", "SOME_SWITCH")
     env = {"MOE_AUTOTUNE": "1", "LOCAL_RANK": "3", "FLASHINFER_LOGLEVEL": "2", "CUTE_DSL_OPT": "x", "UNSET_ONE": "1"}
-    assert keymod.keyed_env(("MOE_AUTOTUNE", "LOCAL_RANK", "FLASHINFER_LOGLEVEL", "CUTE_DSL_OPT", "NOT_SET"), env) == {"MOE_AUTOTUNE": "1"}
+    from cute_diskcache.flashinfer_sites._common import NOT_CODEGEN_ENV
+
+    reads = ("MOE_AUTOTUNE", "LOCAL_RANK", "FLASHINFER_LOGLEVEL", "CUTE_DSL_OPT", "NOT_SET")
+    assert keymod.keyed_env(reads, env, not_codegen=NOT_CODEGEN_ENV) == {"MOE_AUTOTUNE": "1"}

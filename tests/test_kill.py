@@ -130,7 +130,7 @@ class Reader(threading.Thread):
     def run(self) -> None:
         try:
             while not self.stop.is_set():
-                self.served.add(_served(self.store.lookup(self.key)))
+                self.served.add(_served(self.store.lookup_or_quarantine(self.key)))
                 self.lookups += 1
         except BaseException as exc:  # reported by the test thread
             self.error = exc
@@ -171,7 +171,7 @@ def test_commits_killed_at_random_points(tmp_path: Path) -> None:
 
             # A fresh, writable store: it would quarantine anything bad, so it must find nothing bad.
             store = Store(root)
-            tag = _served(store.lookup(key))
+            tag = _served(store.lookup_or_quarantine(key))
             assert store.rejected == 0 and not store.quarantine_dir.exists()
             # The entry before this run was valid and each replace is atomic, so it is never missing.
             if last_recovery is not None:
@@ -184,7 +184,7 @@ def test_commits_killed_at_random_points(tmp_path: Path) -> None:
             last_recovery = f"recovery{n}"
             assert store.commit(key, artifact(last_recovery)) is not None
             committed.add(last_recovery)
-            assert _served(Store(root).lookup(key)) == last_recovery
+            assert _served(Store(root).lookup_or_quarantine(key)) == last_recovery
             for t in temps:
                 t.unlink()  # what a cleanup would do; keeps the one-temp-per-kill check exact
     finally:

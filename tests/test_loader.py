@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
-from cute_diskcache import entry, loader
+from cute_diskcache import entry, export, loader
 
 if TYPE_CHECKING:
     from conftest import Warm
@@ -95,7 +95,7 @@ def test_link_is_deterministic_and_refuses_quietly(warm_micro_root: Warm, tmp_pa
 
 
 _WITHOUT_TAP = (
-    "import runpy, cute_diskcache.entry as e\n"
+    "import runpy, cute_diskcache.export as e\n"
     "e._install_tap = lambda: False  # a DSL whose provider is laid out otherwise\n"
     "runpy.run_module('cute_diskcache._probe', run_name='__main__', alter_sys=True)\n"
 )
@@ -116,7 +116,7 @@ def test_without_the_compile_time_object_export_to_c_is_used(warm_micro_root: Wa
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1])["counters"]["writes"] == 1
     _d, m = _entry(root)
-    assert m["symbol"] == entry.symbol_for(m["digest"]) and m["payloads"]["shared"]
+    assert m["symbol"] == export.symbol_for(m["digest"]) and m["payloads"]["shared"]
     _d2, tapped = _entry(warm_micro_root.root)
     assert tapped["symbol"] != m["symbol"], "the tapped object keeps the compile's own function name"
     assert tapped["payloads"]["cubin"][0]["sha256"] == m["payloads"]["cubin"][0]["sha256"], "the same device code either way"

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 from _helpers import make_artifact, make_key  # noqa: E402
 from _servers import HungServer, free_port  # noqa: E402
 
-from cute_diskcache import bundle, entry  # noqa: E402
+from cute_diskcache import entry, ingest  # noqa: E402
 from cute_diskcache.remote import blob  # noqa: E402
 from cute_diskcache.remote.client import RemoteCache  # noqa: E402
 from cute_diskcache.store import Store  # noqa: E402
@@ -130,7 +130,7 @@ def check_value(value: bytes, name: str, tmp: Path) -> dict[str, Any]:
     assert parsed is not None
     ns, digest = parsed
     edir = blob.stage(blob.unpack(value, ns, digest), tmp / os.urandom(4).hex(), ns, digest)
-    manifest, _ = bundle.check(edir)
+    manifest, _ = ingest.check(edir)
     return manifest
 
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 
 from _helpers import make_artifact, make_env, make_key  # noqa: E402
 
-from cute_diskcache import bundle, cli, config, entry, stats  # noqa: E402
+from cute_diskcache import cli, config, entry, ingest, layout, stats  # noqa: E402
 from cute_diskcache.key import CacheKey  # noqa: E402
 from cute_diskcache.remote import RemoteError, blob, from_url, redact  # noqa: E402
 from cute_diskcache.remote.breaker import Breaker  # noqa: E402
@@ -153,7 +153,7 @@ def test_blob_round_trip_carries_the_entry_byte_for_byte(tmp_path: Path) -> None
     files = blob.unpack(value, ns, digest)
     assert files == {p.name: p.read_bytes() for p in d.iterdir()}
     edir = blob.stage(files, tmp_path / "staging", ns, digest)
-    manifest, _ = bundle.check(edir)
+    manifest, _ = ingest.check(edir)
     assert manifest["digest"] == key.digest
     name = blob.object_name("pfx/", ns, digest)
     assert name == f"pfx/v1/{ns}/{digest}" and blob.parse_name("pfx", name) == (ns, digest)
@@ -214,11 +214,11 @@ def test_read_through_then_local(tmp_path: Path, memory_url: str) -> None:
 
     node_b = Store(tmp_path / "b")
     found = rc.fetch(key, node_b)
-    assert found is not None and found == node_b.lookup(key), "stored locally, loaded as a local entry"
+    assert found is not None and found == node_b.lookup_or_quarantine(key), "stored locally, loaded as a local entry"
     assert found[1] == entry.verify(src, entry.read_manifest(src), key)
     c = rc.counters
     assert (c.remote_hits, c.remote_misses, c.remote_errors) == (1, 0, 0) and c.remote_bytes_in == c.remote_bytes_out
-    assert not list((tmp_path / "b" / bundle.TMP_DIR).iterdir()), "staging is cleaned up"
+    assert not list((tmp_path / "b" / layout.TMP_DIR).iterdir()), "staging is cleaned up"
 
     assert rc.fetch(make_key("dynamic"), node_b) is None
     assert rc.counters.remote_misses == 1
@@ -267,7 +267,7 @@ def test_bad_remote_value_is_a_miss_then_replaced_by_our_compile(damage: str, tm
     node = Store(tmp_path / "b", hmac_key=hmac_key)
     assert rc.fetch(key, node) is None
     assert (rc.counters.remote_hits, rc.counters.remote_errors) == (0, 1)
-    assert node.lookup(key) is None and not list(bundle.entry_dirs(tmp_path / "b")), "nothing bad comes in"
+    assert node.lookup_or_quarantine(key) is None and not list(layout.entry_dirs(tmp_path / "b")), "nothing bad comes in"
     assert backend.get(name) == value, "a fetch never deletes the remote object"
 
     # This node compiles it (here: writes it) and its publish replaces the bad value.
@@ -436,7 +436,7 @@ def test_cli_push_pull_and_stats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert cli.main(["--root", str(dst), "import", "--from-remote", "--json"]) == 0
     pulled = json.loads(capsys.readouterr().out)
     assert pulled["ok"] and len(pulled["imported"]) == 1 and len(pulled["kept"]) == 3
-    assert sorted(d.name for d in bundle.entry_dirs(dst)) == sorted(d.name for d in bundle.entry_dirs(src))
+    assert sorted(d.name for d in layout.entry_dirs(dst)) == sorted(d.name for d in layout.entry_dirs(src))
 
     assert cli.main(["--root", str(dst), "stats"]) == 0
     out = capsys.readouterr().out

@@ -246,7 +246,7 @@ def test_detected_read_only_root_takes_no_lock(tmp_path: Path) -> None:
         from cute_diskcache.store import Store
         store = Store({str(root)!r})
         key = make_key("micro")
-        assert store.lookup(key) is None and store.writable  # reading warns about nothing
+        assert store.lookup_or_quarantine(key) is None and store.writable  # reading warns about nothing
         with store.single_flight(key) as flight:
             print(flight.outcome, store.writable, store.commit(key, make_artifact()))
         """
@@ -414,7 +414,7 @@ def test_commit_under_the_lock_then_waiter_finds_the_entry(tmp_path: Path) -> No
     """The protocol in one process: holder commits inside the lock; whoever gets it next must see the entry."""
     store, key, art = Store(tmp_path / "cache"), make_key("static"), make_artifact()
     with store.single_flight(key) as flight:
-        assert flight.held and store.lookup(key) is None
+        assert flight.held and store.lookup_or_quarantine(key) is None
         assert store.commit(key, art) is not None
     with store.single_flight(key) as flight:
-        assert flight.held and store.lookup(key) is not None
+        assert flight.held and store.lookup_or_quarantine(key) is not None

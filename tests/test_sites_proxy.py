@@ -133,7 +133,7 @@ def test_side_data_of_another_shape_is_a_miss_never_an_exception(tmp_path: Any, 
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
     from _helpers import make_artifact
 
-    from cute_diskcache import entry
+    from cute_diskcache import loader
     from cute_diskcache.cache import CompileCache
     from cute_diskcache.flashinfer_sites import v0_7
     from cute_diskcache.store import Store
@@ -145,7 +145,8 @@ def test_side_data_of_another_shape_is_a_miss_never_an_exception(tmp_path: Any, 
     call = _common.Call({"kernel": types.SimpleNamespace(launch_block_dim=512)}, (), {})
     key = _common.CacheKey(_common.environment("json"), site.name, site.key(call), site.options(call))
     assert cache.store.commit(key, make_artifact(extra={"block_dim_probe": [512, True]})) is not None
-    monkeypatch.setattr(entry, "load", lambda *a: pytest.fail("side data of another shape must not be loaded"))
+    for name in ("load_object", "load_shared"):
+        monkeypatch.setattr(loader, name, lambda *a: pytest.fail("side data of another shape must not be loaded"))
     compiled = object()
     kernel = _common.through_cache(site, call, lambda: compiled, cache_fn=lambda: cache)
     assert kernel is compiled and cache.counters.compiles == 1 and cache.store.rejected == 1

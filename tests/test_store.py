@@ -59,7 +59,7 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_absent_entry_is_a_quiet_miss(store: Store, key: CacheKey, caplog: pytest.LogCaptureFixture) -> None:
-    assert store.lookup(key) is None
+    assert store.lookup_or_quarantine(key) is None
     assert store.rejected == 0
     assert not store.quarantine_dir.exists()
     assert _warnings(caplog) == []
@@ -71,7 +71,7 @@ def test_commit_then_lookup_hits(store: Store, key: CacheKey, art: entry.Artifac
     path = store.entry_dir(key)
     assert path == store.root / "v1" / key.env.namespace / key.digest[:2] / key.digest
     assert (path / entry.MANIFEST).is_file()
-    found = store.lookup(key)
+    found = store.lookup_or_quarantine(key)
     assert found is not None
     assert found[0] == manifest and found[1] == art.object_bytes
     assert store.rejected == 0
@@ -79,7 +79,7 @@ def test_commit_then_lookup_hits(store: Store, key: CacheKey, art: entry.Artifac
 
 def test_entries_of_other_keys_do_not_answer(store: Store, key: CacheKey, art: entry.Artifact) -> None:
     store.commit(key, art)
-    assert store.lookup(make_key("micro")) is None
+    assert store.lookup_or_quarantine(make_key("micro")) is None
     assert store.rejected == 0
 
 
@@ -137,7 +137,7 @@ def test_bad_entry_is_quarantined_and_missed(
     damage(path, manifest)
     damaged = _files(path) if path.is_dir() else {"": path.read_bytes()}
 
-    assert store.lookup(key) is None
+    assert store.lookup_or_quarantine(key) is None
     assert store.rejected == 1
     assert not os.path.lexists(path)
     moved = list(store.quarantine_dir.iterdir())
@@ -148,14 +148,14 @@ def test_bad_entry_is_quarantined_and_missed(
     assert len(_warnings(caplog)) == 1 and reason in _warnings(caplog)[0]
 
     # Now simply absent: no second rejection, no second warning.
-    assert store.lookup(key) is None
+    assert store.lookup_or_quarantine(key) is None
     assert store.rejected == 1
     assert len(list(store.quarantine_dir.iterdir())) == 1
     assert len(_warnings(caplog)) == 1
 
     # And the next compile's commit takes the slot back.
     assert store.commit(key, art) is not None
-    found = store.lookup(key)
+    found = store.lookup_or_quarantine(key)
     assert found is not None and found[1] == art.object_bytes
 
 
@@ -164,7 +164,7 @@ def test_two_quarantines_of_one_key_do_not_collide(store: Store, key: CacheKey, 
         manifest = store.commit(key, art)
         assert manifest is not None
         _flip_object(store.entry_dir(key), manifest)
-        assert store.lookup(key) is None
+        assert store.lookup_or_quarantine(key) is None
     assert store.rejected == 2
     assert len(list(store.quarantine_dir.iterdir())) == 2
 
@@ -175,7 +175,7 @@ def test_hostile_manifest_is_a_miss_not_an_exception(store: Store, key: CacheKey
     assert manifest is not None
     manifest["payloads"]["object"][0]["file"] = name
     rewrite_manifest(store.entry_dir(key), manifest)
-    assert store.lookup(key) is None
+    assert store.lookup_or_quarantine(key) is None
     assert store.rejected == 1
 
 
@@ -207,7 +207,7 @@ def test_unwritable_root_lookups_then_commits_warn_once(blocked_store: Store, ar
     """What an engine start does per kernel: lookup (miss), compile, commit. One warning total."""
     for kind in ("micro", "static", "dynamic", "micro"):
         k = make_key(kind)
-        assert blocked_store.lookup(k) is None
+        assert blocked_store.lookup_or_quarantine(k) is None
         assert blocked_store.commit(k, art) is None
     assert len(_warnings(caplog)) == 1
     assert blocked_store.rejected == 0
@@ -223,7 +223,7 @@ def test_readonly_store_never_writes(tmp_path: Path, key: CacheKey, art: entry.A
     store = Store(tmp_path / "cache", readonly=True)
     assert not store.writable
     assert store.commit(key, art) is None
-    assert store.lookup(key) is None
+    assert store.lookup_or_quarantine(key) is None
     assert not (tmp_path / "cache").exists()
 
 
@@ -232,13 +232,13 @@ def test_readonly_store_reads_and_never_quarantines(tmp_path: Path, key: CacheKe
     manifest = Store(root).commit(key, art)
     assert manifest is not None
     ro = Store(root, readonly=True)
-    found = ro.lookup(key)
+    found = ro.lookup_or_quarantine(key)
     assert found is not None and found[1] == art.object_bytes
 
     _flip_object(ro.entry_dir(key), manifest)
     before = _files(root)
     for _ in range(2):
-        assert ro.lookup(key) is None
+        assert ro.lookup_or_quarantine(key) is None
     assert ro.rejected == 2  # still counted: a shared cache with a bad entry is worth knowing
     assert _files(root) == before  # the entry stays in place, byte for byte
     assert not ro.quarantine_dir.exists()
@@ -256,12 +256,12 @@ def test_stray_temp_files_are_a_miss_then_commit_succeeds(store: Store, key: Cac
     path.mkdir(parents=True)
     (path / ".tmp.object-0123456789abcdef.o.otherhost.4242.a1b2c3d4e5f6").write_bytes(b"half an obj")
     (path / ".tmp.manifest.msgpack.otherhost.4242.0a0b0c0d0e0f").write_bytes(b"\x8f")
-    assert store.lookup(key) is None
+    assert store.lookup_or_quarantine(key) is None
     assert store.rejected == 0 and not store.quarantine_dir.exists()
     assert _warnings(caplog) == []
 
     assert store.commit(key, art) is not None
-    found = store.lookup(key)
+    found = store.lookup_or_quarantine(key)
     assert found is not None and found[1] == art.object_bytes
 
 
@@ -272,12 +272,12 @@ def test_payloads_without_manifest_are_a_miss_then_commit_succeeds(store: Store,
     path = store.entry_dir(key)
     (path / entry.MANIFEST).unlink()
     payload_path(path, manifest, "object").write_bytes(b"a different, older object")
-    assert store.lookup(key) is None
+    assert store.lookup_or_quarantine(key) is None
     assert store.rejected == 0
 
     assert store.commit(key, art) is not None
     # The stale object under the content-addressed name must not be trusted on the next lookup.
-    found = store.lookup(key)
+    found = store.lookup_or_quarantine(key)
     assert found is None or found[1] == art.object_bytes
 
 
@@ -330,7 +330,7 @@ def test_reader_losing_a_payload_to_eviction_never_quarantines_the_fresh_entry(
         return real(path, size, owner)
 
     monkeypatch.setattr(entry, "_read_payload", racing)
-    found = store.lookup(key)
+    found = store.lookup_or_quarantine(key)
     assert fired and found is not None and found[1] == fresh.object_bytes, "read again: the fresh entry is a hit"
     assert not store.quarantine_dir.exists() and store.rejected == 0
 
@@ -355,7 +355,7 @@ def test_directory_vanishing_mid_commit_does_not_turn_writes_off(
     assert store.commit(key, art) is not None and fired
     assert store.writable and _warnings(caplog) == []
     assert store.commit(make_key("micro"), art) is not None
-    assert store.lookup(key) is not None
+    assert store.lookup_or_quarantine(key) is not None
 
 
 # --------------------------------------------------------------------------------------------
@@ -391,7 +391,11 @@ def test_refused_entry_that_is_sound_is_never_quarantined(
     elif refusal == "device":
         _other_device(path, manifest, monkeypatch)
     else:
-        monkeypatch.setattr(entry, "load", lambda *a: (_ for _ in ()).throw(RuntimeError("Symbols not found: CuteDSLRT_x")))
+        from cute_diskcache import loader
+
+        refuse = lambda *a: (_ for _ in ()).throw(RuntimeError("Symbols not found: CuteDSLRT_x"))  # noqa: E731
+        monkeypatch.setattr(loader, "load_object", refuse)
+        monkeypatch.setattr(loader, "load_shared", refuse)
     before = _files(path)
     cache = CompileCache(store, single_flight=False)
     monkeypatch.setattr(store, "persist", lambda *a, **k: None)  # the compile's own rewrite is not what this is about

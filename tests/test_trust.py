@@ -75,7 +75,7 @@ def _assert_refused(store: Store, key: CacheKey, art: entry.Artifact, caplog: py
     """Serves nothing, writes nothing, locks nothing; one warning naming the reason, however often asked."""
     before = _tree(store.root)
     for _ in range(3):
-        assert store.lookup(key) is None
+        assert store.lookup_or_quarantine(key) is None
         assert store.commit(make_key("static"), art) is None
         with store.single_flight(key) as flight:
             assert not flight.held and flight.outcome == "off"
@@ -114,7 +114,7 @@ def test_root_others_can_write_is_refused(
 def test_trust_shared_accepts_a_group_writable_root(root: Path, key: CacheKey, art: entry.Artifact, caplog: pytest.LogCaptureFixture) -> None:
     root.chmod(0o775)
     store = Store(root, trust_shared=True)
-    found = store.lookup(key)
+    found = store.lookup_or_quarantine(key)
     assert found is not None and found[1] == art.object_bytes
     assert store.writable and store.commit(make_key("static"), art) is not None
     assert _warnings(caplog) == []
@@ -125,7 +125,7 @@ def test_trust_shared_accepts_a_group_writable_root(root: Path, key: CacheKey, a
 def test_root_owned_by_another_user_is_refused(root: Path, key: CacheKey, art: entry.Artifact, caplog: pytest.LogCaptureFixture, where: str) -> None:
     os.chown(root / where, OTHER_UID, -1)
     _assert_refused(Store(root), key, art, caplog, f"owned by uid {OTHER_UID}")
-    assert Store(root, trust_shared=True).lookup(key) is not None
+    assert Store(root, trust_shared=True).lookup_or_quarantine(key) is not None
 
 
 def test_v1_that_is_a_link_is_refused(root: Path, tmp_path: Path, key: CacheKey, art: entry.Artifact, caplog: pytest.LogCaptureFixture) -> None:
@@ -148,7 +148,7 @@ def test_absent_root_is_created_private_whatever_the_umask(tmp_path: Path, key: 
         os.umask(old)
     for d in (root, root / "v1", root / "locks"):
         assert d.stat().st_mode & 0o022 == 0, oct(d.stat().st_mode)
-    assert Store(root).lookup(key) is not None
+    assert Store(root).lookup_or_quarantine(key) is not None
 
 
 # --------------------------------------------------------------------------------------------
@@ -164,7 +164,7 @@ def test_entry_dir_that_is_a_link_is_not_followed(root: Path, tmp_path: Path, ke
     path.symlink_to(outside)
     snapshot = _tree(outside)
 
-    assert store.lookup(key) is None
+    assert store.lookup_or_quarantine(key) is None
     assert store.rejected == 1
     assert any("link" in w for w in _warnings(caplog))
     assert not os.path.lexists(path), "the link itself is moved aside"
@@ -173,7 +173,7 @@ def test_entry_dir_that_is_a_link_is_not_followed(root: Path, tmp_path: Path, ke
     assert _tree(outside) == snapshot, "the link's target must be left alone"
 
     assert store.commit(key, art) is not None  # the rewrite lands in a real directory
-    assert not path.is_symlink() and store.lookup(key) is not None
+    assert not path.is_symlink() and store.lookup_or_quarantine(key) is not None
     assert _tree(outside) == snapshot
 
 
@@ -189,7 +189,7 @@ def test_directory_link_above_the_entry_is_refused(
     snapshot = _tree(outside)
 
     for _ in range(2):
-        assert store.lookup(key) is None
+        assert store.lookup_or_quarantine(key) is None
         assert store.commit(key, make_artifact((b"\x33" * 64,))) is None, "never write through a link"
     assert _tree(outside) == snapshot
     assert link.is_symlink() and not store.quarantine_dir.exists()
@@ -214,10 +214,10 @@ def test_file_link_to_identical_bytes_outside_is_refused(
     with pytest.raises(entry.EntryError) as info:
         entry.verify(path, entry.read_manifest(path), key)
     assert info.value.reason == "link"
-    assert store.lookup(key) is None
+    assert store.lookup_or_quarantine(key) is None
     assert store.rejected == 1 and any("link" in w for w in _warnings(caplog))
     assert outside.read_bytes() == snapshot
-    assert store.commit(key, art) is not None and store.lookup(key) is not None
+    assert store.commit(key, art) is not None and store.lookup_or_quarantine(key) is not None
 
 
 def test_first_link_stops_at_missing_components(tmp_path: Path) -> None:
@@ -262,10 +262,10 @@ def test_signed_round_trip(tmp_path: Path, key: CacheKey, art: entry.Artifact, c
     assert manifest is not None
     outer = _outer(store.entry_dir(key))
     assert outer["hmac"] == trust.sign(KEY, outer["sha256"]) and outer["hmac"] != trust.sign(b"other", outer["sha256"])
-    found = store.lookup(key)
+    found = store.lookup_or_quarantine(key)
     assert found is not None and found[1] == art.object_bytes
     # A reader without a key still reads signed entries: signing is for whoever checks.
-    assert Store(tmp_path / "cache").lookup(key) is not None
+    assert Store(tmp_path / "cache").lookup_or_quarantine(key) is not None
     assert store.rejected == 0 and _warnings(caplog) == []
 
 
@@ -292,12 +292,12 @@ def test_tampered_body_with_a_recomputed_seal_is_a_miss(
     with pytest.raises(entry.EntryError) as info:
         entry.read_manifest(path, hmac_key=KEY)
     assert info.value.reason == "signature"
-    assert store.lookup(key) is None
+    assert store.lookup_or_quarantine(key) is None
     assert store.rejected == 1
     assert not store.quarantine_dir.exists() and (path / entry.MANIFEST).exists(), "a signature is not damage: the entry stays"
     assert len(_warnings(caplog)) == 1 and ("signature" in _warnings(caplog)[0] or "not signed" in _warnings(caplog)[0])
     assert store.commit(key, art) is not None
-    found = store.lookup(key)
+    found = store.lookup_or_quarantine(key)
     assert found is not None and found[0]["extra"] == {}
 
 
@@ -306,10 +306,10 @@ def test_another_fleets_entry_is_a_miss_that_stays(tmp_path: Path, key: CacheKey
     other = Store(tmp_path / "cache", hmac_key=b"someone else's key")
     other.commit(key, art)
     store = Store(tmp_path / "cache", hmac_key=KEY)
-    assert store.lookup(key) is None and store.rejected == 1
+    assert store.lookup_or_quarantine(key) is None and store.rejected == 1
     assert not store.quarantine_dir.exists()
-    assert other.lookup(key) is not None, "the other fleet still hits it"
-    assert store.commit(key, art) is not None and store.lookup(key) is not None  # our compile then replaces it
+    assert other.lookup_or_quarantine(key) is not None, "the other fleet still hits it"
+    assert store.commit(key, art) is not None and store.lookup_or_quarantine(key) is not None  # our compile then replaces it
 
 
 def test_unsigned_entry_is_a_miss_then_rewritten_signed(root: Path, key: CacheKey, art: entry.Artifact, caplog: pytest.LogCaptureFixture) -> None:
@@ -318,14 +318,14 @@ def test_unsigned_entry_is_a_miss_then_rewritten_signed(root: Path, key: CacheKe
     payloads_before = {p.name: p.stat().st_ino for p in path.iterdir() if p.name != entry.MANIFEST}
     assert "hmac" not in _outer(path)
     for _ in range(2):  # a miss reads the store twice (again under the lock): one line, one rejection
-        assert store.lookup(key) is None
+        assert store.lookup_or_quarantine(key) is None
     assert store.rejected == 1 and not store.quarantine_dir.exists()
     warnings = _warnings(caplog)
     assert len(warnings) == 1 and "not signed" in warnings[0]
 
     assert store.commit(key, art) is not None
     assert _outer(path)["hmac"] == trust.sign(KEY, _outer(path)["sha256"])
-    assert store.lookup(key) is not None
+    assert store.lookup_or_quarantine(key) is not None
     # Same bytes, same names: the payloads were verified and kept, only the manifest changed.
     assert {p.name: p.stat().st_ino for p in path.iterdir() if p.name != entry.MANIFEST} == payloads_before
 
@@ -339,7 +339,7 @@ def test_rewrite_replaces_a_payload_whose_bytes_do_not_match_its_name(root: Path
     obj.write_bytes(b"not the object")
     (path / entry.MANIFEST).unlink()
     assert store.commit(key, art) is not None
-    found = store.lookup(key)
+    found = store.lookup_or_quarantine(key)
     assert found is not None and found[1] == art.object_bytes
 
 
@@ -423,13 +423,13 @@ def test_group_writable_level_is_a_miss_until_a_commit_tightens_it(
     store = Store(root)
     target = _levels(store, key)[level]
     target.chmod(0o775)
-    assert store.lookup(key) is None
-    assert store.lookup(key) is None
+    assert store.lookup_or_quarantine(key) is None
+    assert store.lookup_or_quarantine(key) is None
     warnings = _warnings(caplog)
     assert len(warnings) == 1 and "writable by group" in warnings[0], warnings
     assert store.commit(key, art) is not None
     assert stat.S_IMODE(target.stat().st_mode) == 0o755
-    found = Store(root).lookup(key)
+    found = Store(root).lookup_or_quarantine(key)
     assert found is not None and found[1] == art.object_bytes
 
 
@@ -439,18 +439,18 @@ def test_file_others_can_write_is_refused(root: Path, key: CacheKey, art: entry.
     path = store.entry_dir(key)
     target = path / entry.MANIFEST if role == "manifest" else payload_path(path, entry.read_manifest(path), "object")
     target.chmod(0o666)
-    assert store.lookup(key) is None
+    assert store.lookup_or_quarantine(key) is None
     [moved] = list(store.quarantine_dir.iterdir())
     assert "-untrusted-" in moved.name
-    assert store.commit(key, art) is not None and store.lookup(key) is not None
-    assert Store(root, trust_shared=True).lookup(key) is not None, "a trusted shared root accepts group-writable files"
+    assert store.commit(key, art) is not None and store.lookup_or_quarantine(key) is not None
+    assert Store(root, trust_shared=True).lookup_or_quarantine(key) is not None, "a trusted shared root accepts group-writable files"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
 def test_entry_directory_of_another_user_is_refused(root: Path, key: CacheKey, art: entry.Artifact) -> None:
     store = Store(root)
     os.chown(store.entry_dir(key), OTHER_UID, -1)
-    assert store.lookup(key) is None
+    assert store.lookup_or_quarantine(key) is None
     [moved] = list(store.quarantine_dir.iterdir())
     assert "-untrusted-" in moved.name and moved.stat().st_uid == OTHER_UID
 
@@ -466,4 +466,4 @@ def test_root_removed_under_a_running_store_is_remade_private(tmp_path: Path, ke
     for level in _levels(store, make_key("static")):
         assert stat.S_IMODE(level.stat().st_mode) & 0o022 == 0, level
     fresh = Store(tmp_path / "cache")
-    assert fresh.trusted and fresh.lookup(make_key("static")) is not None
+    assert fresh.trusted and fresh.lookup_or_quarantine(make_key("static")) is not None

@@ -41,6 +41,7 @@ _LAZY = {
     "compat": None,
     "Dispatcher": "driving",
     "dispatch": "driving",
+    "import_dispatch": "driving",
     "kernel_cache_sizes": "driving",
     "coverage_report": "scan",
     "flashinfer_version": "_common",
@@ -72,10 +73,16 @@ def __getattr__(name: str) -> Any:
 
 
 def patch(module: ModuleType) -> bool:
-    """Attach the disk cache to one flashinfer module (idempotent). True if sites there use it."""
-    from . import gemm, native, v0_6, v0_7
+    """Attach the disk cache to one flashinfer module (idempotent). True if sites there use it.
+
+    A flashinfer + DSL combination the compatibility matrix shows cannot work is refused
+    (:mod:`.compat`): nothing is attached, and one log line says why.
+    """
+    from . import compat, gemm, native, v0_6, v0_7
     from ._common import flashinfer_version
 
+    if compat.refused():
+        return False
     if module.__name__ in gemm.MEMOS:
         return gemm.patch(module)  # the b12x dense GEMMs (every release that has them)
     if module.__name__ == native.CORE:

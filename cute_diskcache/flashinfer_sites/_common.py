@@ -157,6 +157,17 @@ def site_sources(module_name: str) -> SourceFacts:
     return source_facts(sys.modules[module_name], "flashinfer")
 
 
+#: flashinfer's variables that never change the code a compile generates: logging, tracing,
+#: downloads and cache locations (on top of :data:`~..key.NOT_CODEGEN_ENV`).
+NOT_CODEGEN_ENV = frozenset({
+    "FLASHINFER_WORKSPACE_BASE", "FLASHINFER_WORKSPACE_DIR", "FLASHINFER_CACHE_DIR", "FLASHINFER_LOGLEVEL",
+    "FLASHINFER_LOGDEST", "FLASHINFER_LOG_LEVEL", "FLASHINFER_LOGGING_LEVEL", "FLASHINFER_JIT_VERBOSE",
+    "FLASHINFER_DISABLE_VERSION_CHECK", "FLASHINFER_CUTE_DSL_DISABLE_CACHE", "FLASHINFER_TRACE_DUMP",
+    "FLASHINFER_TRACE_DUMP_DIR", "FLASHINFER_TRACE_APPLY", "FLASHINFER_NO_DOWNLOAD", "FLASHINFER_AUTOTUNE_DIR",
+    "SPDLOG_LEVEL", "TLLM_LOG_LEVEL", "TLLM_LOG_FIRST_RANK_ONLY",
+})
+
+
 @functools.lru_cache(maxsize=None)
 def environment(*module_names: str, kind: str = "flashinfer-moe") -> Environment:
     """The core's Environment for a site: ``kind`` names the site family (the namespace's prefix).
@@ -166,13 +177,13 @@ def environment(*module_names: str, kind: str = "flashinfer-moe") -> Environment
     environment variable those modules read (found in their source, not a hand-kept list: a
     release that adds ``FLASHINFER_B12X_SOMETHING`` is covered the day it ships) is keyed with
     its value when set, beside the DSL's codegen variables, unless it is one of
-    :data:`~..key.NOT_CODEGEN_ENV`: flashinfer need not put a process-wide switch in its
+    :data:`~..key.NOT_CODEGEN_ENV` and :data:`NOT_CODEGEN_ENV`: flashinfer need not put a process-wide switch in its
     in-process key, but entries shared across processes must carry it.
     """
     facts = [site_sources(name) for name in module_names]
     prints = [f.fingerprint for f in facts]
     sources = prints[0] if len(prints) == 1 else hashlib.sha256("".join(prints).encode()).hexdigest()
-    switches = {**codegen_env(), **keyed_env(name for f in facts for name in f.env_reads)}
+    switches = {**codegen_env(), **keyed_env((name for f in facts for name in f.env_reads), not_codegen=NOT_CODEGEN_ENV)}
     return Environment(
         kind=kind,
         package=f"flashinfer-python=={flashinfer_version()}",

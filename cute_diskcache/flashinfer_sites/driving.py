@@ -13,6 +13,24 @@ from . import v0_7
 from ._common import MOE_DISPATCH, flashinfer_version
 
 
+def import_dispatch() -> tuple[float, float]:
+    """Import flashinfer's MoE dispatch, then pay its first ``current_cuda_stream()`` (which
+    imports torch._dynamo, ~1 s), so that the calls after it time only compiles or loads.
+
+    Returns (import seconds, warm-up seconds). A target profile must be applied first.
+    """
+    import importlib
+
+    t0 = time.perf_counter()
+    importlib.import_module(MOE_DISPATCH)
+    imported = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    from flashinfer.cute_dsl.utils import current_cuda_stream
+
+    current_cuda_stream()
+    return imported, time.perf_counter() - t0
+
+
 def kernel_cache_sizes() -> dict[str, int]:
     """How many kernels flashinfer holds in memory, per kind (every generation's dicts that exist)."""
     md = sys.modules.get(MOE_DISPATCH)

@@ -35,7 +35,6 @@ import hashlib
 import json
 import logging
 import os
-import struct
 import sys
 import threading
 import time
@@ -45,6 +44,7 @@ from typing import Any, Iterator
 from .. import targets
 from ..key import UnkeyableError
 from . import _common, compat
+from .. import elf
 from .offline import cuda_presenting
 from ._common import MOE_DISPATCH, PATCHES, SM12X, Call, Site, arg_signature, install_proxy, plain, site_codes, version_tuple
 
@@ -193,9 +193,6 @@ def probe_block_dim(compiled: Any, block_dim: int) -> dict[str, Any]:
     return info
 
 
-_EIATTR_MAX_THREADS, _EIATTR_REQNTID, _EIATTR_REGCOUNT = 0x05, 0x10, 0x2F
-
-
 def cubin_thread_limits(compiled: Any, profile: targets.DeviceProfile | None = None) -> dict[str, Any] | None:
     """``CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK`` of a compiled kernel, from its cubin.
 
@@ -203,76 +200,21 @@ def cubin_thread_limits(compiled: Any, profile: targets.DeviceProfile | None = N
     ``reqntid``/``maxntid`` and what its registers allow: ``regs * 32`` rounded up to the
     256-register allocation unit per warp, against the 64 Ki registers of one block.
     """
-    from ..entry import cubins_in
 
     obj = compiled.dump_to_object("cdc_probe")
-    cubins = cubins_in(obj)
+    cubins = elf.cubins_in(obj)
     if not cubins:
         return None
     attrs = profile.driver_attributes() if profile else {"MAX_THREADS_PER_BLOCK": 1024, "MAX_REGISTERS_PER_BLOCK": 65536}
     regs = ntid = 0
     for cubin in cubins:
-        facts = _nv_info(cubin)
+        facts = elf.kernel_facts(cubin)
         regs = max(regs, facts["regs"])
         ntid = max(ntid, facts["ntid"])
     per_warp = -(-regs * 32 // 256) * 256 if regs else 256
     by_regs = (attrs["MAX_REGISTERS_PER_BLOCK"] // per_warp) * 32
     limit = min(attrs["MAX_THREADS_PER_BLOCK"], by_regs, ntid or attrs["MAX_THREADS_PER_BLOCK"])
     return {"regs": regs, "ntid": ntid, "max_threads": limit}
-
-
-def _nv_info(cubin: bytes) -> dict[str, int]:
-    """Register count and reqntid/maxntid of the kernels in one cubin (``.nv.info`` records).
-
-    ``EIATTR_REGCOUNT`` sits in the global ``.nv.info`` as (symbol index, count) for every
-    function; only kernels (those with their own ``.nv.info.<name>`` section) count.
-    """
-    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-    # Elf64_Shdr: name, type (u32), flags, addr, offset, size (u64), link (u32), ...
-    headers = [struct.unpack_from("<IIQQQQI", cubin, shoff + i * shentsize) for i in range(shnum)]
-
-    def cstr(table: int, at: int) -> str:
-        start = headers[table][4] + at
-        return cubin[start:cubin.index(b"\0", start)].decode(errors="replace")
-
-    names = [cstr(shstrndx, h[0]) for h in headers]
-    kernels = {n[len(".nv.info."):] for n in names if n.startswith(".nv.info.")}
-    symtab = next((i for i, h in enumerate(headers) if h[1] == 2), None)  # SHT_SYMTAB
-
-    def symbol(index: int) -> str | None:
-        if symtab is None or (index + 1) * 24 > headers[symtab][5]:
-            return None
-        st_name = struct.unpack_from("<I", cubin, headers[symtab][4] + index * 24)[0]  # Elf64_Sym.st_name
-        return cstr(headers[symtab][6], st_name)
-
-    regs = ntid = 0
-    for i, name in enumerate(names):
-        if name != ".nv.info" and not name.startswith(".nv.info."):
-            continue
-        offset, size = headers[i][4], headers[i][5]
-        for attr, data in _records(cubin[offset:offset + size]):
-            if attr == _EIATTR_REGCOUNT and len(data) >= 8:
-                sym, count = struct.unpack_from("<II", data)
-                if symbol(sym) in kernels or symtab is None:
-                    regs = max(regs, count)
-            elif attr in (_EIATTR_REQNTID, _EIATTR_MAX_THREADS) and len(data) >= 12:
-                x, y, z = struct.unpack_from("<III", data)
-                ntid = max(ntid, x * max(y, 1) * max(z, 1))
-    return {"regs": regs, "ntid": ntid}
-
-
-def _records(blob: bytes) -> Iterator[tuple[int, bytes]]:
-    pos = 0
-    while pos + 4 <= len(blob):
-        fmt, attr = blob[pos], blob[pos + 1]
-        if fmt == 0x04:  # EIFMT_SVAL: u16 size, then the value
-            size = struct.unpack_from("<H", blob, pos + 2)[0]
-            yield attr, blob[pos + 4:pos + 4 + size]
-            pos += 4 + size
-        else:  # NVAL / BVAL / HVAL: the value (if any) fits the 2 bytes after the header
-            yield attr, blob[pos + 2:pos + 4]
-            pos += 4
 
 
 # --------------------------------------------------------------------------------------------

@@ -103,6 +103,25 @@ def unsigned_warning(settings: Any) -> str | None:
     return None
 
 
+class RemoteRefused(RemoteError):
+    """The operator asked for the remote tier where it cannot run (not configured, read-only, unsigned)."""
+
+
+def open_client(settings: Any, *, publishing: bool) -> RemoteCache:
+    """The remote tier for an operator command (``export --to-remote``, ``import --from-remote``),
+    under the same rules as a serving process; raises :class:`RemoteRefused` with the reason."""
+    if not settings.remote:
+        raise RemoteRefused("CUTE_DISKCACHE_REMOTE is not set (e.g. redis://cache-host:6379/0)")
+    if publishing and settings.remote_readonly:
+        raise RemoteRefused("CUTE_DISKCACHE_REMOTE_READONLY is set: this node does not publish to the remote")
+    why = refusal(settings)
+    if why is not None:
+        raise RemoteRefused(f"the remote tier is off: {why}")
+    from .client import RemoteCache
+
+    return RemoteCache.from_settings(settings)
+
+
 class LazyRemote:
     """What :func:`cute_diskcache.cache.default_cache` holds: the :class:`.client.RemoteCache`,
     built at the first local miss. A process that only ever hits locally imports none of the

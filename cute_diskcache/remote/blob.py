@@ -16,14 +16,13 @@ entry than the object it was stored under) before anything touches the disk.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import msgpack
 
-from .. import bundle, entry
-from ..store import LAYOUT
+from .. import entry, ingest, layout
+from ..layout import LAYOUT
 
 FORMAT = "cute-diskcache-remote-entry"
 VERSION = 1
@@ -44,14 +43,14 @@ def parse_name(prefix: str, name: str) -> tuple[str, str] | None:
     if len(parts) != 2:
         return None
     ns, digest = parts
-    if bundle._member_path(f"{LAYOUT}/{ns}/{digest[:2]}/{digest}/{entry.MANIFEST}") is None:
+    if layout.entry_file(f"{LAYOUT}/{ns}/{digest[:2]}/{digest}/{entry.MANIFEST}") is None:
         return None
     return ns, digest
 
 
 def pack(entry_dir: Path, *, hmac_key: bytes | None = None) -> tuple[str, str, bytes]:
     """``(namespace, digest, value)`` of a verified local entry; raises :class:`entry.EntryError`."""
-    manifest, files = bundle.read_checked(entry_dir, hmac_key=hmac_key)
+    manifest, files = ingest.read_checked(entry_dir, hmac_key=hmac_key)
     value = msgpack.packb(
         {"format": FORMAT, "version": VERSION, "namespace": manifest["namespace"], "digest": manifest["digest"], "files": dict(files)},
         use_bin_type=True,
@@ -64,7 +63,7 @@ def unpack(raw: bytes, namespace: str, digest: str) -> dict[str, bytes]:
     try:
         doc: Any = msgpack.unpackb(
             raw, raw=False, strict_map_key=True, use_list=True,
-            max_bin_len=bundle.MAX_MEMBER_BYTES, max_str_len=1 << 16, max_map_len=MAX_FILES + 8, max_array_len=0, max_ext_len=0,
+            max_bin_len=ingest.MAX_FILE_BYTES, max_str_len=1 << 16, max_map_len=MAX_FILES + 8, max_array_len=0, max_ext_len=0,
         )
     except Exception as exc:  # msgpack raises several kinds; all mean the same here
         raise entry.EntryError("remote", f"undecodable remote value: {type(exc).__name__}") from None
@@ -78,7 +77,7 @@ def unpack(raw: bytes, namespace: str, digest: str) -> dict[str, bytes]:
     if not (isinstance(files, dict) and entry.MANIFEST in files and len(files) <= MAX_FILES):
         raise entry.EntryError("remote", "remote entry has no manifest or too many files")
     for name, data in files.items():
-        if not isinstance(data, bytes) or bundle._member_path(f"{LAYOUT}/{namespace}/{digest[:2]}/{digest}/{name}") is None:
+        if not isinstance(data, bytes) or layout.entry_file(f"{LAYOUT}/{namespace}/{digest[:2]}/{digest}/{name}") is None:
             raise entry.EntryError("remote", f"remote entry file {str(name)[:80]!r} is not a plain entry file")
     return files
 
@@ -87,23 +86,13 @@ def stage(files: dict[str, bytes], staging_root: Path, namespace: str, digest: s
     """Write ``files`` as an entry directory under ``staging_root`` (layout ``v1/<ns>/<xx>/<digest>``).
 
     New private files only (``O_EXCL``, no links followed), the manifest last. Returns the
-    entry directory, ready for :func:`bundle.check`. ``durable`` fsyncs each file, as a bundle
+    entry directory, ready for :func:`.ingest.check`. ``durable`` fsyncs each file, as a bundle
     import does. The read-through path passes False: there the fsyncs were three quarters of
     a remote hit (~12 ms of ~16 ms here), and durability buys nothing, because the local copy
     of a remote entry is a cache of a cache: a file torn by a power cut fails its checksum at
     the next lookup like any damaged entry, and is fetched again.
     """
     edir = staging_root / LAYOUT / namespace / digest[:2] / digest
-    edir.mkdir(mode=0o700, parents=True)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     for name in sorted(files, key=lambda n: n == entry.MANIFEST):
-        fd = os.open(edir / name, flags, 0o644)
-        try:
-            view = memoryview(files[name])
-            while view:
-                view = view[os.write(fd, view):]
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        ingest.stage_file(edir / name, (files[name],), staging=staging_root, durable=durable)
     return edir

@@ -7,7 +7,7 @@ store safe to put behind a serving process:
   own socket timeouts, so no backend can hold a request longer than ``timeout``;
 * a :class:`.breaker.Breaker` skips the remote while it keeps failing;
 * fetched values are verified like any entry that arrives from outside
-  (:func:`cute_diskcache.bundle.adopt_staged`, then :meth:`Store.lookup` with the key, which
+  (:func:`cute_diskcache.ingest.adopt_staged`, then :meth:`Store.lookup_or_quarantine` with the key, which
   adds the arch, environment, host CPU and device checks), and only then stored and loaded;
 * publishing is write-behind (:mod:`.publisher`), with ``SET``-if-absent semantics: the first
   publisher of an entry wins, later ones are no-ops. A remote value that failed verification
@@ -28,9 +28,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .. import bundle, entry, stats
+from .. import entry, ingest, layout, stats
 from ..key import CacheKey
-from ..store import LAYOUT, Store
+from ..layout import LAYOUT
+from ..store import Store
 from . import Backend, RemoteError, blob, from_url, redact
 from .breaker import Breaker
 from .publisher import Publisher
@@ -186,7 +187,7 @@ class RemoteCache:
     # -- read-through -------------------------------------------------------------------------
 
     def fetch(self, key: CacheKey, store: Store) -> tuple[dict[str, Any], bytes] | None:
-        """``key``'s entry from the remote, verified and stored locally, as ``store.lookup`` returns it; or None.
+        """``key``'s entry from the remote, verified and stored locally, as ``store.lookup_or_quarantine`` returns it; or None.
 
         Never raises: a failed call, a timeout, an open breaker or a value that does not verify
         are all a miss (counted), and the caller compiles.
@@ -256,11 +257,11 @@ class RemoteCache:
         """
         ns, digest = key.env.namespace, key.digest
         files = blob.unpack(raw, ns, digest)
-        writable = store.can_write()
+        writable = store.probe_writable()
         base: Path | None = None
         if writable:
             try:
-                base = bundle.scratch_dir(store.root, "remote", shared=store.trust_shared)
+                base = store.scratch_dir("remote")
             except OSError:
                 writable = False
         if base is None:
@@ -268,18 +269,18 @@ class RemoteCache:
         try:
             edir = blob.stage(files, base, ns, digest, durable=False)
             if writable:
-                report = bundle.ImportReport(f"remote:{name}")
-                if not bundle.adopt_staged(store.root, store, edir, report, hmac_key=store.hmac_key):
+                report = ingest.ImportReport(f"remote:{name}")
+                if not ingest.adopt_staged(store.root, store, edir, report, hmac_key=store.hmac_key):
                     bad = report.bad[0]["reason"] if report.bad else "check failed"
                     raise entry.EntryError("remote", bad)
-                found = store.lookup(key)
+                found = store.lookup_or_quarantine(key)
                 if found is not None or not edir.exists():
                     return found
             else:
-                bundle.check(edir, hmac_key=store.hmac_key)
+                ingest.check(edir, hmac_key=store.hmac_key)
             # Not merged (another writer is filling that entry) or no local writes: load the
             # verified staged copy. trust_shared: a private directory we just made ourselves.
-            return Store(base, readonly=True, trust_shared=True, hmac_key=store.hmac_key).lookup(key)
+            return Store(base, readonly=True, trust_shared=True, hmac_key=store.hmac_key).lookup_or_quarantine(key)
         finally:
             shutil.rmtree(base, ignore_errors=True)
 
@@ -344,7 +345,7 @@ class RemoteCache:
         out = []
         for name in sorted(names):
             parsed = blob.parse_name(self.prefix, name)
-            if parsed is not None and bundle.namespace_matches(parsed[0], namespaces):
+            if parsed is not None and layout.namespace_matches(parsed[0], namespaces):
                 out.append((name, *parsed))
         return out
 
@@ -353,7 +354,7 @@ class RemoteCache:
         backend = self._require_backend()
         present = {name for name, _ns, _d in self.list_entries(namespaces)}
         report: dict[str, Any] = {"remote": redact(self.url), "pushed": 0, "present": 0, "bytes": 0, "skipped": []}
-        for d in bundle.entry_dirs(Path(root), namespaces):
+        for d in layout.entry_dirs(Path(root), namespaces):
             ns = d.parent.parent.name
             name = self.name(ns, d.name)
             if name in present:
@@ -374,7 +375,7 @@ class RemoteCache:
                 report["present"] += 1
         return report
 
-    def pull(self, store: Store, namespaces: Sequence[str] | None = None) -> bundle.ImportReport:
+    def pull(self, store: Store, namespaces: Sequence[str] | None = None) -> ingest.ImportReport:
         """Fetch every remote entry (of the selected namespaces), verify it and merge it into ``store``'s root.
 
         The import path of a bundle, entry by entry: the same report, the same guarantees (a
@@ -382,10 +383,10 @@ class RemoteCache:
         """
         backend = self._require_backend()
         root = store.root
-        report = bundle.ImportReport(f"remote {redact(self.url)}")
+        report = ingest.ImportReport(f"remote {redact(self.url)}")
         entries = self.list_entries(namespaces)
         report.header = {"entries": len(entries), "remote": redact(self.url), "prefix": self.prefix}
-        staging = bundle.scratch_dir(root, "remote-pull", shared=store.trust_shared)
+        staging = store.scratch_dir("remote-pull")
         try:
             for name, ns, digest in entries:
                 raw = self._bounded(self._bulk_timeout(), backend.get, name)
@@ -397,7 +398,7 @@ class RemoteCache:
                 except entry.EntryError as exc:
                     report.bad.append({"digest": digest, "namespace": ns, "reason": str(exc)})
                     continue
-                bundle.adopt_staged(root, store, edir, report, hmac_key=store.hmac_key)
+                ingest.adopt_staged(root, store, edir, report, hmac_key=store.hmac_key)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return report
