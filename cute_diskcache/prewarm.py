@@ -36,7 +36,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from . import config
 
@@ -138,23 +138,27 @@ def plan(shape: Any, ms: list[int], max_num_tokens: int, functional: bool = Fals
         d = _dispatcher(shape, max_num_tokens, functional)
         if getattr(d, "offline_limit", None):
             raise NotImplementedError(f"no exact offline plan: {d.offline_limit}")
-        before = 0
-        for recipe, m in _calls(d, ms, functional):
-            # flashinfer memoises what a site returned, so a call whose kernel was already
-            # planned requests nothing new: it needs no extra kernel.
-            for req in requested[before:]:
-                k = kernels.setdefault(req["digest"], Kernel(req["digest"], req["kind"], native=bool(req.get("native")),
-                                                             key=req.get("key"), recipe=recipe))
-                if req.get("native"):
-                    k.path = req.get("path")
-                if req.get("cached"):  # native: flashinfer's cache already has it
-                    k.status = "cached"
-                k.ms.append(m)
-            before = len(requested)
-            if progress is not None:
-                progress.update(1)
-                progress.set_postfix(kernels=len(kernels), refresh=False)
+        for req, recipe, m in flashinfer_sites.planned_requests(requested, _calls(d, ms, functional), tick(progress, kernels)):
+            k = kernels.setdefault(req["digest"], Kernel(req["digest"], req["kind"], native=bool(req.get("native")),
+                                                         key=req.get("key"), recipe=recipe))
+            if req.get("native"):
+                k.path = req.get("path")
+            if req.get("cached"):  # native: flashinfer's cache already has it
+                k.status = "cached"
+            k.ms.append(m)
     return kernels
+
+
+def tick(progress: Any, kernels: dict[str, Any]) -> Callable[[], None] | None:
+    """A planning call's progress tick: one step, and how many kernels so far."""
+    if progress is None:
+        return None
+
+    def after_call() -> None:
+        progress.update(1)
+        progress.set_postfix(kernels=len(kernels), refresh=False)
+
+    return after_call
 
 
 def _entry_size(path: Path) -> int:
@@ -539,8 +543,10 @@ def main(argv: list[str] | None = None) -> int:
 
             with tqdm(total=None, desc="planning dense", unit="call", disable=args.json, file=sys.stderr,
                       leave=True) as planning_bar:
-                kernels.update(prewarm_dense.plan(dense, ms, args.max_num_tokens, args.autotune, new_kernel,
-                                                  progress=planning_bar))
+                dense_kernels: dict[str, Kernel] = {}
+                prewarm_dense.plan(dense, ms, args.max_num_tokens, args.autotune, new_kernel, dense_kernels,
+                                   after_call=tick(planning_bar, dense_kernels))
+                kernels.update(dense_kernels)
     except NotImplementedError as exc:  # flashinfer's own refusal, e.g. EP on 0.6.x
         _stop(pool)
         print(f"error: flashinfer cannot serve {name} this way: {exc}", file=sys.stderr)

@@ -48,25 +48,19 @@ def run(d: Any, recipe: dict[str, Any]) -> dict[str, Any]:
 
 
 def plan(shape: Any, ms: list[int], max_num_tokens: int, autotune: bool, new_kernel: Callable[..., Any],
-         progress: Any = None) -> dict[str, Any]:
-    """Every dense kernel flashinfer would compile for these m, keyed by digest (this process only).
+         kernels: dict[str, Any], after_call: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Every dense kernel flashinfer would compile for these m, into ``kernels`` by digest (this process only).
 
-    ``new_kernel(digest, kind, key, recipe)`` makes prewarm's record of a kernel.
+    ``new_kernel(digest, kind, key, recipe)`` makes prewarm's record of a kernel; ``after_call``
+    runs after each planning call (a progress bar's tick, told about ``kernels``).
     """
     from . import flashinfer_sites
 
-    kernels: dict[str, Any] = {}
     with flashinfer_sites.planning() as requested:
         d = dispatcher(shape)
-        before = 0
-        for recipe, m in calls(d, ms, max_num_tokens, autotune):
-            for req in requested[before:]:
-                k = kernels.get(req["digest"])
-                if k is None:
-                    k = kernels[req["digest"]] = new_kernel(req["digest"], req["kind"], req.get("key"), recipe)
-                k.ms.append(m)
-            before = len(requested)
-            if progress is not None:
-                progress.update(1)
-                progress.set_postfix(kernels=len(kernels), refresh=False)
+        for req, recipe, m in flashinfer_sites.planned_requests(requested, calls(d, ms, max_num_tokens, autotune), after_call):
+            k = kernels.get(req["digest"])
+            if k is None:
+                k = kernels[req["digest"]] = new_kernel(req["digest"], req["kind"], req.get("key"), recipe)
+            k.ms.append(m)
     return kernels

@@ -55,7 +55,7 @@ def by_site(report: dict[str, Any]) -> dict[str, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def shared(fi074: str, tmp_path_factory: pytest.TempPathFactory, compile_hook_dir: Path) -> dict[str, Any]:
+def shared(fi074: str, tmp_path_factory: pytest.TempPathFactory, compile_hook_dir: Path) -> dict[str, Any]:  # noqa: F811
     base = tmp_path_factory.mktemp("fi074-dense")
     child = Child(base / "root", base / "workspace", compile_hook_dir)
     cold = drive(child, *SITES)
@@ -112,7 +112,7 @@ def test_other_layer_shapes_share_the_kernel_and_another_dtype_does_not(shared: 
     assert by_site(f16) == {SITES["b12x_fp4"]: ["miss"]} and f16["real_compiles"] == 1, f16["events"]
 
 
-def test_natively_cached_sm12x_kernels_are_flashinfers_with_the_opt_out(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> None:
+def test_natively_cached_sm12x_kernels_are_flashinfers_with_the_opt_out(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> None:  # noqa: F811
     child = Child(tmp_path / "root", tmp_path / "workspace", compile_hook_dir, extra_env=OPT_OUT)
     left = drive(child, "sm12x_cute", "fmha_ragged")
     assert left["events"] == [] and left["real_compiles"] == 2
@@ -127,7 +127,7 @@ def test_natively_cached_sm12x_kernels_are_flashinfers_with_the_opt_out(fi074: s
 
 
 @pytest.mark.parametrize("model, groups", [("qwen3-30b-a3b", ("moe", "dense")), ("llama-3.1-8b-nvfp4", ("dense",))])
-def test_prewarm_then_the_engine_compiles_nothing(fi074: str, tmp_path: Path, compile_hook_dir: Path, model: str,
+def test_prewarm_then_the_engine_compiles_nothing(fi074: str, tmp_path: Path, compile_hook_dir: Path, model: str,  # noqa: F811
                                                   groups: tuple[str, ...]) -> None:
     child = Child(tmp_path / "root", tmp_path / "workspace", compile_hook_dir)
     ms, max_tokens = "1,2,3", "64"
@@ -147,7 +147,7 @@ def test_prewarm_then_the_engine_compiles_nothing(fi074: str, tmp_path: Path, co
     assert again["already_cached"] == done["kernels"] and again["compiled"] == 0
 
 
-def test_prewarm_without_autotune_plans_the_default_tactics_only(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> None:
+def test_prewarm_without_autotune_plans_the_default_tactics_only(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> None:  # noqa: F811
     child = Child(tmp_path / "root", tmp_path / "workspace", compile_hook_dir)
     args = ("cute_diskcache.prewarm", "--model", "llama-3.1-8b-nvfp4", "--target", TARGET, "--m", "1,2,3",
             "--max-num-tokens", "64", "--dry-run", "--json")
@@ -192,7 +192,7 @@ UNCOVERED_074 = {
 }
 
 
-def test_doctor_lists_every_sm12x_site_of_074(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> None:
+def test_doctor_lists_every_sm12x_site_of_074(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> None:  # noqa: F811
     child = Child(tmp_path / "root", tmp_path / "workspace", compile_hook_dir)
     report = json.loads(child.module("cute_diskcache.doctor", "--json").stdout)
     sm12x = {f"{s['path']}:{s['function']}": s["status"] for s in report["sites"] if s["arch"] == "sm12x" and not s["harness"]}
@@ -256,8 +256,8 @@ def test_vllm_034_calls_flashinfer_as_dense_planning_assumes(vllm_src: Path) -> 
     b12x = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "FlashInferB12xNvFp4LinearKernel")
     apply = next(n for n in b12x.body if isinstance(n, ast.FunctionDef) and n.name == "apply_weights")
     (mm,) = _calls(apply, "flashinfer_scaled_fp4_mm")
-    assert [ast.unparse(a) for a in mm.args] == ["x_fp4", "layer.weight", "x_blockscale", "layer.weight_scale", "layer.alpha",
-                                                "output_dtype"]
+    assert [ast.unparse(a) for a in mm.args] == ["x_fp4", "layer.weight", "x_blockscale", "layer.weight_scale",
+                                                 "layer.alpha", "output_dtype"]
     assert {k.arg: ast.unparse(k.value) for k in mm.keywords} == {"backend": "'b12x'"}
     prepare = next(n for n in b12x.body if isinstance(n, ast.FunctionDef) and n.name == "process_weights_after_loading")
     assert [ast.unparse(c) for c in _calls(prepare, "pad_nvfp4_weight_for_cutlass")] == ["pad_nvfp4_weight_for_cutlass(layer.weight.data)"]

@@ -46,6 +46,7 @@ _LAZY = {
     "coverage_report": "scan",
     "flashinfer_version": "_common",
     "planning": "_common",
+    "planned_requests": "_common",
     "FIRST_NATIVE": "v0_6",
     "FIRST_SUPPORTED": "v0_6",
     "SITES": "v0_6",

@@ -23,7 +23,7 @@ import re
 import sys
 import threading
 from types import ModuleType
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from ..cache import CompileCache, default_cache
 from ..key import CacheKey, Environment, SourceFacts, UnkeyableError, codegen_env, current_arch, keyed_env, source_facts
@@ -264,6 +264,23 @@ def planning() -> Iterator[list[dict[str, Any]]]:
         PLAN = None
 
 
+def planned_requests(requested: list[dict[str, Any]], calls: Iterable[tuple[Any, int]],
+                     after_call: Callable[[], None] | None = None) -> Iterator[tuple[dict[str, Any], Any, int]]:
+    """``(request, recipe, m)`` for each kernel request a planning call made, call by call.
+
+    flashinfer memoises what a site returned, so a call whose kernel an earlier call already
+    asked for requests nothing new: only the requests a call added are its own.
+    ``after_call`` runs once per call (a progress bar's tick), new requests or not.
+    """
+    before = 0
+    for recipe, m in calls:
+        for request in requested[before:]:
+            yield request, recipe, m
+        before = len(requested)
+        if after_call is not None:
+            after_call()
+
+
 def through_cache(site: Site, call: Call, compile_fn: Callable[[], Any],
                   cache_fn: Callable[[], CompileCache] = default_cache,
                   uncached: Callable[[], Any] | None = None) -> Any:
@@ -443,6 +460,23 @@ class Patches:
         with self._lock:
             value = self._saved.get(module.__name__, {}).get(name, _ABSENT)
         return module.__dict__.get(name) if value is _ABSENT else value
+
+    def replace(self, module: ModuleType, name: str, marker: str, make: Callable[[Any], Any]) -> bool:
+        """``module.name = make(original)`` unless our replacement (it carries ``marker``) is there.
+
+        Idempotent, for the import hook calls ``patch`` once per import of a module and again
+        on re-activation. ``make`` returns None to decline (what it would wrap is not what we
+        know); True when ours is in place afterwards.
+        """
+        with self._lock:
+            if getattr(module.__dict__.get(name), marker, False):
+                return True
+            real = self.original(module, name)
+            value = None if real is None else make(real)
+            if value is None:
+                return False
+            self.set(module, name, value)
+            return True
 
     def touched(self, module: ModuleType, name: str) -> bool:
         with self._lock:

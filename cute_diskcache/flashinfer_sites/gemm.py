@@ -172,24 +172,21 @@ def _wrapper(real: Callable[..., Any], sites: dict[int, Site], site_module: str)
 def patch(module: ModuleType) -> bool:
     """Route ``module``'s b12x GEMM compiles through the cache (idempotent); True if it has any."""
     memos = MEMOS.get(module.__name__)
-    if not memos:
-        return False
-    with PATCHES.lock:
-        current = module.__dict__.get(HELPER)
-        if getattr(current, "_cdc_gemm", False):
-            return True
-        real = PATCHES.original(module, HELPER)
-        sites = {id(module.__dict__[name]): _site(module.__name__, kind)
-                 for name, kind in memos.items() if isinstance(module.__dict__.get(name), dict)}
-        if real is None or not callable(real) or not sites:
-            return False
-        params = inspect.signature(real).parameters
-        if not {"cache", "cache_key", "make_gemm_kernel", "cluster_shape_mn"} <= set(params):
-            log.warning("flashinfer %s: %s.%s has another signature; b12x GEMMs stay uncached",
-                        _common.flashinfer_version(), module.__name__, HELPER)
-            return False
-        PATCHES.set(module, HELPER, _wrapper(real, sites, module.__name__))
-        return True
+    return bool(memos) and PATCHES.replace(module, HELPER, "_cdc_gemm", lambda real: _wrap(module, real, memos))
+
+
+def _wrap(module: ModuleType, real: Any, memos: dict[str, str]) -> Callable[..., Any] | None:
+    """Our wrapper around ``module``'s compile helper, or None when it is not the helper we know."""
+    sites = {id(module.__dict__[name]): _site(module.__name__, kind)
+             for name, kind in memos.items() if isinstance(module.__dict__.get(name), dict)}
+    if not callable(real) or not sites:
+        return None
+    params = inspect.signature(real).parameters
+    if not {"cache", "cache_key", "make_gemm_kernel", "cluster_shape_mn"} <= set(params):
+        log.warning("flashinfer %s: %s.%s has another signature; b12x GEMMs stay uncached",
+                    _common.flashinfer_version(), module.__name__, HELPER)
+        return None
+    return _wrapper(real, sites, module.__name__)
 
 
 def unpatch(module: ModuleType) -> None:

@@ -219,17 +219,7 @@ def _left_to_flashinfer(native: NativeSite, build: Callable[[], Any], module_nam
 
 def patch(module: ModuleType) -> bool:
     """Stand between flashinfer's native builder and its sm12x callers (idempotent)."""
-    if module.__name__ != CORE:
-        return False
-    with PATCHES.lock:
-        current = module.__dict__.get(BUILDER)
-        if getattr(current, "_cdc_native_sm12x", False):
-            return True
-        real = PATCHES.original(module, BUILDER)
-        if real is None:
-            return False
-        PATCHES.set(module, BUILDER, _builder(real))
-        return True
+    return module.__name__ == CORE and PATCHES.replace(module, BUILDER, "_cdc_native_sm12x", _builder)
 
 
 def unpatch(module: ModuleType) -> None:
