@@ -11,6 +11,8 @@ Sites (each one call):
     sm12x_cute   the SM12x CuTe FP4 GEMM runner's compile (flashinfer's natively cached kernel)
     fmha_ragged  the SM120 FP8 FMHA's compiles (natively cached too), ragged and paged
     fmha_paged
+    bf16_fp4_gemm  the BF16 x FP4 GEMM (W4A16 NVFP4 linear layers), its runner's untuned choice
+    bf16_fp4_gemv  its m=1 GEMV
 
 ``--engine MODEL`` instead serves MODEL the way vLLM 0.34 would, written here independently of
 prewarm: its B12xMoEWrapper (use_cuda_graph=True) for every ``--m``, and for each NVFP4 linear
@@ -87,6 +89,26 @@ def sm12x_cute(m: int, n: int, k: int) -> Any:
     return runner._compile(m, n, k, tactic, compute_capability=(12, 0))
 
 
+def bf16_fp4(kind: str, m: int, n: int, k: int) -> Any:
+    """The BF16 x FP4 GEMM's kernels as its runner picks them without a tuned tactic (the
+    rtx-pro-6000's 188 SMs): the GEMV for m=1, else the GEMM with flashinfer's tile heuristic."""
+    import torch
+    from flashinfer.gemm import gemm_bf16_fp4_cute_dsl as g
+
+    if kind == "gemv":
+        compiled = g._get_cute_dsl_bf16_fp4_gemv(g._select_bf16_fp4_gemv_split(n, k, 12, 188) or 1, torch.bfloat16,
+                                                 torch.bfloat16, enable_pdl=True)
+    else:
+        tile, atom = g._select_bf16_fp4_tile_shape(m, n, k)
+        compiled = g._get_cute_dsl_bf16_fp4_gemm(tile, torch.bfloat16, torch.bfloat16, atom, 1, 1, enable_pdl=True,
+                                                 tile_swizzle=1, k_splits=g._select_bf16_fp4_k_splits(m, n, k, tile, 188),
+                                                 occupancy=1)
+    # The runner's launch: compiled(a, b, b_sf_u8, out, partial, alpha) (fails without a GPU).
+    compiled(torch.zeros(m, k, dtype=torch.bfloat16), torch.zeros(k // 16, n, dtype=torch.int32),
+             torch.zeros(k // 16, n, dtype=torch.uint8), torch.empty(m, n, dtype=torch.bfloat16),
+             torch.zeros(4, dtype=torch.float32), torch.ones(1, dtype=torch.float32))
+
+
 def engine(model: str, ms: list[int], max_num_tokens: int) -> dict[str, Any]:
     """Serve ``model`` for these m the way vLLM 0.34 does: MoE layers, then dense layers."""
     from flashinfer.fused_moe.utils import get_hybrid_num_tokens_buckets
@@ -133,6 +155,8 @@ SITES: dict[str, Callable[[argparse.Namespace], Any]] = {
     "sm12x_cute": lambda a: sm12x_cute(a.m, a.n, a.k),
     "fmha_ragged": lambda a: fmha("ragged"),
     "fmha_paged": lambda a: fmha("paged"),
+    "bf16_fp4_gemm": lambda a: bf16_fp4("gemm", a.m, a.n, a.k),
+    "bf16_fp4_gemv": lambda a: bf16_fp4("gemv", 1, a.n, a.k),
 }
 
 

@@ -37,9 +37,11 @@ pytestmark = [
 DRIVER = Path(__file__).resolve().parent / "fi074_dense_driver.py"
 SITES = {"b12x_fp4": "flashinfer.gemm.b12x_fp4", "b12x_mxfp8": "flashinfer.gemm.b12x_mxfp8",
          "sm12x_cute": "flashinfer.native.sm12x_cute", "fmha_ragged": "flashinfer.native.fmha_sm120_ragged",
-         "fmha_paged": "flashinfer.native.fmha_sm120_paged"}
+         "fmha_paged": "flashinfer.native.fmha_sm120_paged", "bf16_fp4_gemm": "flashinfer.gemm.bf16_fp4_gemm",
+         "bf16_fp4_gemv": "flashinfer.gemm.bf16_fp4_gemv"}
 NATIVE = ("sm12x_cute", "fmha_ragged", "fmha_paged")
 B12X = ("b12x_fp4", "b12x_mxfp8")
+BF16_FP4 = ("bf16_fp4_gemm", "bf16_fp4_gemv")
 
 
 def drive(child: Child, *sites: str, args: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -79,7 +81,7 @@ def test_warm_kernels_take_flashinfers_arguments_like_the_compiled_ones(shared: 
     Without a GPU the launch fails in the kernel's argument check, after binding: the same error
     cold and warm says the loaded kernel accepted the call as the compiled one did."""
     cold, warm = shared["cold"]["sites"], shared["warm"]["sites"]
-    for name in B12X:
+    for name in B12X + BF16_FP4:
         assert "expected device_type=cuda" in cold[name]["error"], cold[name]["error"]
         assert warm[name]["error"] == cold[name]["error"], (name, warm[name]["error"])
     for name in NATIVE:  # compile only, no launch
@@ -100,6 +102,23 @@ def test_b12x_key_is_flashinfers_plus_what_it_leaves_out(shared: dict[str, Any])
         native = manifests[SITES[name]]
         assert native["key_repr"].startswith("('native', ") and "torch" not in json.dumps(native["env"]), native["key_repr"]
     assert "'sm120_prims_fmha_fp8', 'ragged_float8_e4m3fn_bfloat16_hq32_hkv8_d128" in manifests[SITES["fmha_ragged"]]["key_repr"]
+
+
+def test_bf16_fp4_key_is_every_getter_argument_and_the_device_answer_it_reads(shared: dict[str, Any]) -> None:
+    """The BF16 x FP4 getters: all their arguments (flashinfer's cache_key is made of them) and,
+    for the GEMM, get_max_active_clusters(1) (188 on the rtx-pro-6000 profile), which its
+    persistent grid bakes in; the GEMV asks the device nothing."""
+    manifests = _manifests(shared["child"].root)
+    gemm, gemv = manifests[SITES["bf16_fp4_gemm"]], manifests[SITES["bf16_fp4_gemv"]]
+    assert gemm["namespace"].startswith("flashinfer-gemm-0.7.4-sm_120a-"), gemm["namespace"]
+    assert gemm["key_repr"].startswith("('bf16_fp4', '_get_cute_dsl_bf16_fp4_gemm', ('args', (('a_dtype', torch.bfloat16), "
+                                       "('atom_layout', "), gemm["key_repr"]
+    for arg in ("tile_shape_mnk", "k_splits", "occupancy", "pipeline_depth", "tile_swizzle", "use_fp16_mma", "enable_pdl"):
+        assert f"('{arg}', " in gemm["key_repr"], (arg, gemm["key_repr"])
+    assert gemm["key_repr"].endswith("('max_active_clusters', ((1, 188),)))"), gemm["key_repr"]
+    assert gemv["key_repr"].endswith("('splits', 1))), ('max_active_clusters', ()))"), gemv["key_repr"]
+    # Each getter's kernel module is in its source fingerprint: two sites, two namespaces.
+    assert gemm["namespace"] != gemv["namespace"]
 
 
 def test_other_layer_shapes_share_the_kernel_and_another_dtype_does_not(shared: dict[str, Any]) -> None:
@@ -169,8 +188,6 @@ UNCOVERED_074 = {
     "fused_moe/backends/frost_low_latency/tc/runtime.py:execute",
     "gdn_kernels/delta_rule_dsl/custom_compile_cache.py:cached_compile",
     "gdn_kernels/experimental/kernel/gdn_fused_decode_cutedsl_sm120_pdl.py:execute",
-    "gemm/gemm_bf16_fp4_cute_dsl.py:_get_cute_dsl_bf16_fp4_gemm",
-    "gemm/gemm_bf16_fp4_cute_dsl.py:_get_cute_dsl_bf16_fp4_gemv",
     "kda_kernels/sm120_prefill/decomp.py:launch_prepare_device",
     "kda_kernels/sm120_prefill/decomp.py:launch_recurrence_device",
     "kda_kernels/sm120_prefill/decomp.py:launch_fwd._compile",
@@ -201,7 +218,9 @@ def test_doctor_lists_every_sm12x_site_of_074(fi074: str, tmp_path: Path, compil
             "gemm/gemm_mm_mxfp8_cute_dsl.py:_b12x_gemm_mxfp8_runner.B12xMxfp8GemmRunner.forward",
             "gemm/kernels/sm12x_cute/runner.py:_compile",
             "cute_dsl/attention/fmha/sm120/compile.py:compile_sm120_fmha_fp8_ragged_kernel",
-            "cute_dsl/attention/fmha/sm120/compile.py:compile_sm120_fmha_fp8_paged_kernel"} <= ours
+            "cute_dsl/attention/fmha/sm120/compile.py:compile_sm120_fmha_fp8_paged_kernel",
+            "gemm/gemm_bf16_fp4_cute_dsl.py:_get_cute_dsl_bf16_fp4_gemm",
+            "gemm/gemm_bf16_fp4_cute_dsl.py:_get_cute_dsl_bf16_fp4_gemv"} <= ours
     frost = {site for site in sm12x if "/cudnn_frost/artifacts/" in site}
     # compiled through the runtime's native builder, which flashinfer's cache keeps (not yet ours)
     assert len(frost) == 18 and {sm12x[site] for site in frost} == {"flashinfer"}

@@ -67,23 +67,23 @@ def _modules(call: Call) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n for n in names if n in sys.modules))
 
 
-def _convention(kernel: Any, _call: Call) -> dict[str, Any]:
+def convention(kernel: Any, _call: Call) -> dict[str, Any]:
     return {"calling_convention": _common.calling_convention(kernel)}
 
 
-def _convention_ok(extra: dict[str, Any]) -> bool:
+def convention_ok(extra: dict[str, Any]) -> bool:
     return _common.convention_ok(extra.get("calling_convention"))
 
 
-def _as_compiled(kernel: Any, extra: dict[str, Any], _call: Call) -> Any:
+def as_compiled(kernel: Any, extra: dict[str, Any], _call: Call) -> Any:
     """A hit is the bare tvm-ffi function; flashinfer calls it like the compiled one, leaving
     the kernel's optional trailing arguments out: give it the compiled one's calling convention."""
-    return _common.with_calling_convention(kernel, extra["calling_convention"]) if _convention_ok(extra) else kernel
+    return _common.with_calling_convention(kernel, extra["calling_convention"]) if convention_ok(extra) else kernel
 
 
 def _site(module: str, kind: str) -> Site:
-    return Site(module, HELPER, kind, _key, options=lambda call: None, modules=_modules, extra=_convention,
-                extra_ok=_convention_ok, adapt=_as_compiled, site_name=f"flashinfer.gemm.{kind}", env_kind="flashinfer-gemm")
+    return Site(module, HELPER, kind, _key, options=lambda call: None, modules=_modules, extra=convention,
+                extra_ok=convention_ok, adapt=as_compiled, site_name=f"flashinfer.gemm.{kind}", env_kind="flashinfer-gemm")
 
 
 def dynamic_extents(kernel: Any) -> set[str]:

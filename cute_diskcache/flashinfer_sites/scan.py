@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import compat, gemm, known, native, v0_6, v0_7
+from . import bf16_fp4, compat, gemm, known, native, v0_6, v0_7
 from ._common import flashinfer_version
 
 COVERED_BY_US, NATIVE, NOTHING, PER_CALLER = "cute-diskcache", "flashinfer", "nothing", "per caller"
@@ -296,6 +296,7 @@ def _table(version: str, native_ours: bool) -> dict[tuple[str, str], str]:
     table = dict(moe)
     if v0_6.applies(version) or v0_7.applies(version):
         table.update(gemm.COVERED)
+        table.update(bf16_fp4.covered(has_gemv=v0_7.applies(version)))
     if v0_7.applies(version) and native_ours:
         table.update(native.COVERED)
     return table
