@@ -339,7 +339,9 @@ def doctor(run: Run) -> dict[str, Any]:
         "site_checks_failed": sorted(site for site, problems in (report.get("site_checks") or {}).items() if problems),
         "missing_adapter_sites": report.get("missing_adapter_sites"),
         "covered": sorted(f"{s['file']}:{s['function']}" for s in report.get("sites", []) if s["status"] == "cute-diskcache"),
-        "nothing": sorted(f"{s['file']}:{s['function']}" for s in report.get("sites", []) if s["status"] == "nothing"),
+        # What --strict judges: the sm12x sites (test code shipped in the wheel apart) nobody persists.
+        "nothing": sorted(f"{s['file']}:{s['function']}" for s in report.get("sites", [])
+                          if s["status"] == "nothing" and s.get("arch", "sm12x") == "sm12x" and not s.get("harness")),
         "error": None if report else (proc.stderr[-2000:] or "no report"),
         "seconds": round(time.perf_counter() - t, 1),
     }
@@ -521,7 +523,9 @@ def table(results: list[dict[str, Any]]) -> str:
             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         d = r.get("doctor") or {}
-        nothing = ", ".join(s.split(":", 1)[1] for s in d.get("nothing") or [])
+        listed = d.get("nothing") or []
+        nothing = (", ".join(s.split(":", 1)[1] for s in listed) if len(listed) <= 6
+                   else f"{len(listed)} sm12x sites (listed in cells/{r['cell']}.json)")
         strict = "pass" if d.get("rc_strict") == 0 else f"exit {d.get('rc_strict')}" + (
             " (refused)" if d.get("refused") else f": nothing persists {nothing}" if nothing else "")
         note = r["reason"] if r["status"] != "proven" else ""

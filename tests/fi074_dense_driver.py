@@ -13,6 +13,8 @@ Sites (each one call):
     fmha_paged
     bf16_fp4_gemm  the BF16 x FP4 GEMM (W4A16 NVFP4 linear layers), its runner's untuned choice
     bf16_fp4_gemv  its m=1 GEMV
+    msa_topk, msa_combine, msa_union
+                 MSA's SM12x top-k select, sparse-decode combine and sparse-prefill union kernels
 
 ``--engine MODEL`` instead serves MODEL the way vLLM 0.34 would, written here independently of
 prewarm: its B12xMoEWrapper (use_cuda_graph=True) for every ``--m``, and for each NVFP4 linear
@@ -109,6 +111,24 @@ def bf16_fp4(kind: str, m: int, n: int, k: int) -> Any:
              torch.zeros(4, dtype=torch.float32), torch.ones(1, dtype=torch.float32))
 
 
+def msa(kind: str) -> Any:
+    """MSA's SM12x kernels, built by their getters with the arguments its ops pass (top-k 16,
+    per-token valid-page count; bf16 combine, head dim 128; union over 32-token tiles)."""
+    import torch
+
+    if kind == "topk":
+        from flashinfer.msa_ops import sparse_topk_select as m
+
+        return m._get_compiled_topk(16, True, True)
+    if kind == "combine":
+        from flashinfer.msa_ops import sparse_decode as m
+
+        return m._get_compiled_combine(torch.float32, torch.bfloat16, 16, 128, False, False)
+    from flashinfer.msa_ops import sparse_prefill as m
+
+    return m._get_compiled_union(16, 32)
+
+
 def engine(model: str, ms: list[int], max_num_tokens: int) -> dict[str, Any]:
     """Serve ``model`` for these m the way vLLM 0.34 does: MoE layers, then dense layers."""
     from flashinfer.fused_moe.utils import get_hybrid_num_tokens_buckets
@@ -157,6 +177,9 @@ SITES: dict[str, Callable[[argparse.Namespace], Any]] = {
     "fmha_paged": lambda a: fmha("paged"),
     "bf16_fp4_gemm": lambda a: bf16_fp4("gemm", a.m, a.n, a.k),
     "bf16_fp4_gemv": lambda a: bf16_fp4("gemv", 1, a.n, a.k),
+    "msa_topk": lambda a: msa("topk"),
+    "msa_combine": lambda a: msa("combine"),
+    "msa_union": lambda a: msa("union"),
 }
 
 

@@ -38,10 +38,12 @@ DRIVER = Path(__file__).resolve().parent / "fi074_dense_driver.py"
 SITES = {"b12x_fp4": "flashinfer.gemm.b12x_fp4", "b12x_mxfp8": "flashinfer.gemm.b12x_mxfp8",
          "sm12x_cute": "flashinfer.native.sm12x_cute", "fmha_ragged": "flashinfer.native.fmha_sm120_ragged",
          "fmha_paged": "flashinfer.native.fmha_sm120_paged", "bf16_fp4_gemm": "flashinfer.gemm.bf16_fp4_gemm",
-         "bf16_fp4_gemv": "flashinfer.gemm.bf16_fp4_gemv"}
+         "bf16_fp4_gemv": "flashinfer.gemm.bf16_fp4_gemv", "msa_topk": "flashinfer.msa.msa_topk",
+         "msa_combine": "flashinfer.msa.msa_combine", "msa_union": "flashinfer.msa.msa_union"}
 NATIVE = ("sm12x_cute", "fmha_ragged", "fmha_paged")
 B12X = ("b12x_fp4", "b12x_mxfp8")
 BF16_FP4 = ("bf16_fp4_gemm", "bf16_fp4_gemv")
+MSA = ("msa_topk", "msa_combine", "msa_union")
 
 
 def drive(child: Child, *sites: str, args: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -84,7 +86,7 @@ def test_warm_kernels_take_flashinfers_arguments_like_the_compiled_ones(shared: 
     for name in B12X + BF16_FP4:
         assert "expected device_type=cuda" in cold[name]["error"], cold[name]["error"]
         assert warm[name]["error"] == cold[name]["error"], (name, warm[name]["error"])
-    for name in NATIVE:  # compile only, no launch
+    for name in NATIVE + MSA:  # compile only, no launch
         assert cold[name]["error"] is None and warm[name]["error"] is None, (cold[name], warm[name])
 
 
@@ -111,7 +113,7 @@ def test_bf16_fp4_key_is_every_getter_argument_and_the_device_answer_it_reads(sh
     manifests = _manifests(shared["child"].root)
     gemm, gemv = manifests[SITES["bf16_fp4_gemm"]], manifests[SITES["bf16_fp4_gemv"]]
     assert gemm["namespace"].startswith("flashinfer-gemm-0.7.4-sm_120a-"), gemm["namespace"]
-    assert gemm["key_repr"].startswith("('bf16_fp4', '_get_cute_dsl_bf16_fp4_gemm', ('args', (('a_dtype', torch.bfloat16), "
+    assert gemm["key_repr"].startswith("('gemm', '_get_cute_dsl_bf16_fp4_gemm', ('args', (('a_dtype', torch.bfloat16), "
                                        "('atom_layout', "), gemm["key_repr"]
     for arg in ("tile_shape_mnk", "k_splits", "occupancy", "pipeline_depth", "tile_swizzle", "use_fp16_mma", "enable_pdl"):
         assert f"('{arg}', " in gemm["key_repr"], (arg, gemm["key_repr"])
@@ -119,6 +121,11 @@ def test_bf16_fp4_key_is_every_getter_argument_and_the_device_answer_it_reads(sh
     assert gemv["key_repr"].endswith("('splits', 1))), ('max_active_clusters', ()))"), gemv["key_repr"]
     # Each getter's kernel module is in its source fingerprint: two sites, two namespaces.
     assert gemm["namespace"] != gemv["namespace"]
+    # MSA's getters: their arguments, no device answer.
+    topk = manifests[SITES["msa_topk"]]
+    assert topk["namespace"].startswith("flashinfer-msa-0.7.4-sm_120a-"), topk["namespace"]
+    assert topk["key_repr"] == ("('msa', '_get_compiled_topk', ('args', (('per_token_nvp', True), ('small', True), ('topk', 16))), "
+                                "('max_active_clusters', ()))"), topk["key_repr"]
 
 
 def test_other_layer_shapes_share_the_kernel_and_another_dtype_does_not(shared: dict[str, Any]) -> None:
@@ -201,11 +208,8 @@ UNCOVERED_074 = {
     "moe_ep/kernel_src/sm120/swapab_cutedsl_megakernel/src/moe_sm120_mxfp8_swapab/topk_reduce.py:compile_topk_reduce",
     "msa_ops/proxy_score.py:msa_proxy_score",
     "msa_ops/proxy_score.py:msa_proxy_score_fp4",
-    "msa_ops/sparse_decode.py:_get_compiled_combine",
     "msa_ops/sparse_decode.py:msa_sparse_decode_attention",
-    "msa_ops/sparse_prefill.py:_get_compiled_union",
     "msa_ops/sparse_prefill.py:_msa_sparse_prefill",
-    "msa_ops/sparse_topk_select.py:_get_compiled_topk",
 }
 
 
@@ -220,7 +224,9 @@ def test_doctor_lists_every_sm12x_site_of_074(fi074: str, tmp_path: Path, compil
             "cute_dsl/attention/fmha/sm120/compile.py:compile_sm120_fmha_fp8_ragged_kernel",
             "cute_dsl/attention/fmha/sm120/compile.py:compile_sm120_fmha_fp8_paged_kernel",
             "gemm/gemm_bf16_fp4_cute_dsl.py:_get_cute_dsl_bf16_fp4_gemm",
-            "gemm/gemm_bf16_fp4_cute_dsl.py:_get_cute_dsl_bf16_fp4_gemv"} <= ours
+            "gemm/gemm_bf16_fp4_cute_dsl.py:_get_cute_dsl_bf16_fp4_gemv",
+            "msa_ops/sparse_topk_select.py:_get_compiled_topk", "msa_ops/sparse_decode.py:_get_compiled_combine",
+            "msa_ops/sparse_prefill.py:_get_compiled_union"} <= ours
     frost = {site for site in sm12x if "/cudnn_frost/artifacts/" in site}
     # compiled through the runtime's native builder, which flashinfer's cache keeps (not yet ours)
     assert len(frost) == 18 and {sm12x[site] for site in frost} == {"flashinfer"}

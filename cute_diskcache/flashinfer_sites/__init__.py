@@ -7,8 +7,9 @@ One module per flashinfer generation:
 * :mod:`.gemm` - every release: the b12x dense FP4 and MXFP8 GEMMs (SM120/SM121), which
   flashinfer compiles in memory only (:mod:`.gemm_offline`: what their public API asks of a
   card that is not in the machine).
-* :mod:`.bf16_fp4` - every release that has it: the BF16 x FP4 dense GEMM and its m=1 GEMV
-  (``mm_bf16_fp4(backend="cute-dsl")``, W4A16 NVFP4 linear layers), in memory only in flashinfer.
+* :mod:`.getters` - every release that has them: kernel getters whose arguments determine the
+  kernel (the BF16 x FP4 dense GEMM and its m=1 GEMV, W4A16 NVFP4 linear layers; MSA's top-k,
+  combine and union kernels), in memory only in flashinfer.
 * :mod:`.native` - 0.6.18+: flashinfer's other natively cached sm12x kernels (SM12x CuTe FP4
   GEMM, SM120 FMHA), served like moe_dispatch's.
 * :mod:`.v0_7` - 0.6.18 to 0.7.x: flashinfer persists those three itself, keyed on torch's
@@ -81,15 +82,15 @@ def patch(module: ModuleType) -> bool:
     A flashinfer + DSL combination the compatibility matrix shows cannot work is refused
     (:mod:`.compat`): nothing is attached, and one log line says why.
     """
-    from . import bf16_fp4, compat, gemm, native, v0_6, v0_7
+    from . import compat, gemm, getters, native, v0_6, v0_7
     from ._common import flashinfer_version
 
     if compat.refused():
         return False
     if module.__name__ in gemm.MEMOS:
         return gemm.patch(module)  # the b12x dense GEMMs (every release that has them)
-    if module.__name__ == bf16_fp4.GEMM_BF16_FP4:
-        return bf16_fp4.patch(module)  # the BF16 x FP4 GEMM and GEMV (every release that has them)
+    if module.__name__ in getters.MODULES:
+        return getters.patch(module)  # the kernel getters: BF16 x FP4 GEMM and GEMV, MSA (every release that has them)
     if module.__name__ == native.CORE:
         return v0_7.applies(flashinfer_version()) and native.patch(module)
     version = flashinfer_version()
@@ -102,11 +103,11 @@ def patch(module: ModuleType) -> bool:
 
 def unpatch(module: ModuleType) -> None:
     """Put back what :func:`patch` replaced in ``module`` (target profile stand-ins stay)."""
-    from . import bf16_fp4, gemm, native, v0_7
+    from . import gemm, getters, native, v0_7
 
     v0_7.unpatch(module)
     gemm.unpatch(module)
-    bf16_fp4.unpatch(module)
+    getters.unpatch(module)
     native.unpatch(module)
 
 

@@ -9,15 +9,18 @@ SM12X = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x"
 MOE_DISPATCH = f"{SM12X}.moe_dispatch"
 FLASHINFER_UTILS = "flashinfer.cute_dsl.utils"
 #: The sm12x sites outside the MoE package (:mod:`.gemm`, :mod:`.native`, :mod:`.gemm_offline`):
-#: the b12x dense GEMMs, the BF16 x FP4 GEMM, flashinfer's native builder, and what the GEMM API asks of the device
+#: the b12x dense GEMMs, the kernel getters (BF16 x FP4 GEMM, MSA), flashinfer's native builder, and what the GEMM API asks of the device
 #: (``flashinfer.utils``; ``flashinfer.cute_dsl.utils`` answers max active clusters).
 GEMM_BASE = "flashinfer.gemm.gemm_base"
 GEMM_MXFP8 = "flashinfer.gemm.gemm_mm_mxfp8_cute_dsl"
 GEMM_BF16_FP4 = "flashinfer.gemm.gemm_bf16_fp4_cute_dsl"
+MSA_TOPK = "flashinfer.msa_ops.sparse_topk_select"
+MSA_DECODE = "flashinfer.msa_ops.sparse_decode"
+MSA_PREFILL = "flashinfer.msa_ops.sparse_prefill"
 CUTE_DSL_CORE = "flashinfer.jit.cute_dsl_core"
 UTILS = "flashinfer.utils"
 SM12X_CUTE = "flashinfer.gemm.kernels.sm12x_cute."
 #: Every module under these prefixes is offered to the adapter as it is imported; the adapter
 #: decides, per flashinfer version, which ones hold compile sites (exact module names are
 #: prefixes too: nothing else in flashinfer extends them).
-SITE_PACKAGES = (SM12X + ".", GEMM_BASE, GEMM_MXFP8, GEMM_BF16_FP4, CUTE_DSL_CORE, UTILS, FLASHINFER_UTILS, SM12X_CUTE)
+SITE_PACKAGES = (SM12X + ".", GEMM_BASE, GEMM_MXFP8, GEMM_BF16_FP4, MSA_TOPK, MSA_DECODE, MSA_PREFILL, CUTE_DSL_CORE, UTILS, FLASHINFER_UTILS, SM12X_CUTE)

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import bf16_fp4, compat, gemm, known, native, v0_6, v0_7
+from . import compat, gemm, getters, known, native, v0_6, v0_7
 from ._common import flashinfer_version
 
 COVERED_BY_US, NATIVE, NOTHING, PER_CALLER = "cute-diskcache", "flashinfer", "nothing", "per caller"
@@ -286,7 +286,7 @@ def scan(package_dir: Path) -> list[Found]:
     return out
 
 
-def _table(version: str, native_ours: bool) -> dict[tuple[str, str], str]:
+def _table(version: str, native_ours: bool, package_dir: Path | None) -> dict[tuple[str, str], str]:
     """(file relative to flashinfer's package, function) -> kind of the sites we serve for ``version``."""
     moe: dict[tuple[str, str], str] = {}
     if v0_6.applies(version):
@@ -296,7 +296,7 @@ def _table(version: str, native_ours: bool) -> dict[tuple[str, str], str]:
     table = dict(moe)
     if v0_6.applies(version) or v0_7.applies(version):
         table.update(gemm.COVERED)
-        table.update(bf16_fp4.covered(has_gemv=v0_7.applies(version)))
+        table.update(getters.covered(package_dir) if package_dir is not None else {})
     if v0_7.applies(version) and native_ours:
         table.update(native.COVERED)
     return table
@@ -311,8 +311,8 @@ def _shapes(version: str, native_ours: bool) -> dict[str, dict[str, compat.SiteS
     return {}
 
 
-def classify(found: list[Found], version: str, *, native_disabled: bool = False, native_ours: bool = False,
-             site_checks: dict[str, list[str]] | None = None) -> list[Found]:
+def classify(found: list[Found], version: str, *, package_dir: Path | None = None, native_disabled: bool = False,
+             native_ours: bool = False, site_checks: dict[str, list[str]] | None = None) -> list[Found]:
     """Set each site's status for flashinfer ``version``.
 
     Covered by us: a (file, function) in the adapter tables serving that version (with
@@ -323,7 +323,7 @@ def classify(found: list[Found], version: str, *, native_disabled: bool = False,
     cache off). Everything else: nothing. On a release outside the verified list, an adapter
     site whose ``site_checks`` found problems is passed through, so it is nothing's too.
     """
-    table = _table(version, native_ours)
+    table = _table(version, native_ours, package_dir)
     unverified = site_checks is not None and not compat.verified(version)
 
     def problems(file: str, function: str) -> list[str]:
@@ -411,9 +411,9 @@ def sites_report(package_dir: Path | None = None, version: str | None = None) ->
     native_disabled = os.environ.get("FLASHINFER_CUTE_DSL_DISABLE_CACHE", "0") == "1"
     native_ours = v0_7.applies(version) and v0_7.serves_native()
     checked = compat.report(package_dir, version, _shapes(version, native_ours))
-    found = classify(scan(package_dir), version, native_disabled=native_disabled, native_ours=native_ours,
+    found = classify(scan(package_dir), version, package_dir=package_dir, native_disabled=native_disabled, native_ours=native_ours,
                      site_checks=checked["site_checks"])
-    table = _table(version, native_ours)
+    table = _table(version, native_ours, package_dir)
     present = {(f.file, f.function) for f in found}
     groups = summarize(found)
     summary = {s: groups[known.SM12X_ARCH][s] for s in (COVERED_BY_US, NATIVE, NOTHING)}

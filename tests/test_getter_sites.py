@@ -1,4 +1,4 @@
-"""The BF16 x FP4 getters' source check: what a getter reads beyond its arguments is keyed, or
+"""The kernel getters' source check (flashinfer_sites/getters.py, BF16 x FP4 shown): what a getter reads beyond its arguments is keyed, or
 the getter stays uncached.
 
 The getters are read from source when the module is patched (flashinfer 0.7.4's real ones are
@@ -17,7 +17,7 @@ from types import ModuleType
 
 import pytest
 
-from cute_diskcache.flashinfer_sites import bf16_fp4
+from cute_diskcache.flashinfer_sites import getters
 from cute_diskcache.flashinfer_sites.names import GEMM_BF16_FP4
 
 KEYABLE = '''
@@ -59,12 +59,12 @@ def _module(tmp_path: Path, source: str) -> ModuleType:
 
 def test_a_keyable_getter_names_its_imports_and_literal_device_queries(tmp_path: Path) -> None:
     module = _module(tmp_path, KEYABLE)
-    imports, sizes = bf16_fp4.read_getter(module._get_cute_dsl_bf16_fp4_gemm)
+    imports, sizes = getters.read_getter(module._get_cute_dsl_bf16_fp4_gemm)
     assert imports == (("flashinfer.cute_dsl.utils", "get_max_active_clusters"),
                        ("flashinfer.gemm.kernels.cute_dsl.dense_gemm_bf16_fp4_sm12x", "Sm12xDenseGemmBf16Fp4Kernel"),
                        ("flashinfer.cute_dsl.utils", "torch_to_cutlass_dtype"))
     assert sizes == (1, 2)
-    imports, sizes = bf16_fp4.read_getter(module._get_cute_dsl_bf16_fp4_gemv)
+    imports, sizes = getters.read_getter(module._get_cute_dsl_bf16_fp4_gemv)
     assert imports == (("flashinfer.gemm.kernels.cute_dsl", "gemv_bf16_fp4_sm12x"),) and sizes == ()
 
 
@@ -76,21 +76,38 @@ def test_a_getter_reading_what_we_cannot_key_stays_flashinfers(tmp_path: Path, c
                                                                source: str, getter: str, reason: str) -> None:
     module = _module(tmp_path, source)
     original = getattr(module, getter)
-    with pytest.raises(bf16_fp4._Unsupported, match=reason.replace("(", r"\(").replace(")", r"\)")):
-        bf16_fp4.read_getter(original)
+    with pytest.raises(getters._Unsupported, match=reason.replace("(", r"\(").replace(")", r"\)")):
+        getters.read_getter(original)
     with caplog.at_level(logging.WARNING, logger="cute_diskcache"):
-        assert bf16_fp4.patch(module) is False
+        assert getters.patch(module) is False
     assert getattr(module, getter) is original, "an unkeyable getter was replaced"
     assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == [f"{GEMM_BF16_FP4}.{getter} stays uncached: {reason}"]
 
 
+NAMES = [g.function for g in getters.GETTERS if g.module == GEMM_BF16_FP4]
+
+
 def test_a_keyable_getter_is_replaced_once_and_put_back(tmp_path: Path) -> None:
     module = _module(tmp_path, KEYABLE)
-    originals = {name: getattr(module, name) for name in bf16_fp4.GETTERS}
-    assert bf16_fp4.patch(module) is True and bf16_fp4.patch(module) is True
-    replaced = {name: getattr(module, name) for name in bf16_fp4.GETTERS}
+    originals = {name: getattr(module, name) for name in NAMES}
+    assert getters.patch(module) is True and getters.patch(module) is True
+    replaced = {name: getattr(module, name) for name in NAMES}
     assert all(replaced[n] is not originals[n] and replaced[n].__wrapped__ is originals[n] for n in originals)
-    bf16_fp4.patch(module)
-    assert {name: getattr(module, name) for name in bf16_fp4.GETTERS} == replaced, "patched twice"
-    bf16_fp4.unpatch(module)
-    assert {name: getattr(module, name) for name in bf16_fp4.GETTERS} == originals
+    getters.patch(module)
+    assert {name: getattr(module, name) for name in NAMES} == replaced, "patched twice"
+    getters.unpatch(module)
+    assert {name: getattr(module, name) for name in NAMES} == originals
+
+
+def test_coverage_names_only_the_getters_a_release_defines(tmp_path: Path) -> None:
+    """0.6.14-0.6.17 have the BF16 x FP4 GEMM getter and neither its GEMV nor MSA: the report
+    must not claim (or list as missing) what the release does not have."""
+    (tmp_path / "gemm").mkdir()
+    (tmp_path / "gemm" / "gemm_bf16_fp4_cute_dsl.py").write_text(
+        "def _get_cute_dsl_bf16_fp4_gemm(tile_shape_mnk, a_dtype, c_dtype):\n    pass\n"
+        "# _get_cute_dsl_bf16_fp4_gemv( is only mentioned here\n")
+    assert getters.covered(tmp_path) == {("gemm/gemm_bf16_fp4_cute_dsl.py", "_get_cute_dsl_bf16_fp4_gemm"): "bf16_fp4_gemm"}
+    (tmp_path / "msa_ops").mkdir()
+    (tmp_path / "msa_ops" / "sparse_topk_select.py").write_text(
+        "import functools\n\n\n@functools.cache\ndef _get_compiled_topk(topk, small, per_token_nvp):\n    pass\n")
+    assert getters.covered(tmp_path)[("msa_ops/sparse_topk_select.py", "_get_compiled_topk")] == "msa_topk"
