@@ -1,7 +1,8 @@
 """Remote hit vs local hit vs compile, and what a dead or hung remote adds to a miss, side by side.
 
 Every number comes from fresh interpreters (``cute_diskcache._probe``: a new engine start each),
-on a redis-server this script starts on a free loopback port, in one run:
+on a redis-server this script starts on a free loopback port, every node signing with one fleet
+key (``CUTE_DISKCACHE_HMAC_KEY``; without one the remote tier stays off), in one run:
 
 1. cold: empty local root, remote empty: compile + persist, then publish at exit (write-behind);
 2. local hit: the same root again (``--runs`` processes), with the remote configured, then without;
@@ -103,12 +104,14 @@ def main() -> int:
         redis_proc, url = _start_redis(tmp)
         hung_sock, hung_url = _hung_server()
         dead_url = f"redis://127.0.0.1:{_free_port()}/0"
-        remote = {"CUTE_DISKCACHE_REMOTE": url, "CUTE_DISKCACHE_REMOTE_TIMEOUT": str(args.timeout)}
+        # A fleet shares one signing key: without it the remote tier stays off (fail-closed).
+        fleet = {"CUTE_DISKCACHE_HMAC_KEY": os.urandom(16).hex()}
+        remote = {**fleet, "CUTE_DISKCACHE_REMOTE": url, "CUTE_DISKCACHE_REMOTE_TIMEOUT": str(args.timeout)}
         try:
             root = tmp / "node-a"
             cold, cold_wall = _run(root, args.m, args.target, remote)
             local = [_run(root, args.m, args.target, remote)[0] for _ in range(args.runs)]
-            local_plain = [_run(root, args.m, args.target, {})[0] for _ in range(args.runs)]
+            local_plain = [_run(root, args.m, args.target, fleet)[0] for _ in range(args.runs)]
             fetched = [_run(tmp / f"node-b{i}", args.m, args.target, remote)[0] for i in range(args.runs)]
             dead, dead_wall = _run(tmp / "node-dead", args.m, args.target, {**remote, "CUTE_DISKCACHE_REMOTE": dead_url})
             hung, hung_wall = _run(tmp / "node-hung", args.m, args.target, {**remote, "CUTE_DISKCACHE_REMOTE": hung_url})
