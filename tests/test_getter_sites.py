@@ -111,3 +111,35 @@ def test_coverage_names_only_the_getters_a_release_defines(tmp_path: Path) -> No
     (tmp_path / "msa_ops" / "sparse_topk_select.py").write_text(
         "import functools\n\n\n@functools.cache\ndef _get_compiled_topk(topk, small, per_token_nvp):\n    pass\n")
     assert getters.covered(tmp_path)[("msa_ops/sparse_topk_select.py", "_get_compiled_topk")] == "msa_topk"
+
+
+BROKEN_BRANCH = '''
+def _get_compiled_topk(topk, small, per_token_nvp):
+    if not small:
+        from .cute_dsl.no_such_kernel_module import Kernel
+    return ("flashinfer's own result", topk, small)
+'''
+
+
+def test_a_getter_whose_key_cannot_be_read_runs_as_flashinfers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keying imports every module the getter might import; when one fails (a branch this
+    release or DSL cannot import, not taken by this call), the call is flashinfer's, uncached,
+    never our error. (The import is made to fail here without importing flashinfer.)"""
+    from cute_diskcache.flashinfer_sites.names import MSA_TOPK
+
+    def failing_import(imports: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+        assert imports == (("flashinfer.msa_ops.cute_dsl.no_such_kernel_module", "Kernel"),)
+        raise ModuleNotFoundError("No module named 'flashinfer.msa_ops.cute_dsl.no_such_kernel_module'")
+
+    monkeypatch.setattr(getters, "kernel_modules", failing_import)
+    path = tmp_path / "sparse_topk_select.py"
+    path.write_text(textwrap.dedent(BROKEN_BRANCH))
+    spec = importlib.util.spec_from_file_location(MSA_TOPK, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert getters.patch(module) is True
+    try:
+        assert module._get_compiled_topk(16, True, True) == ("flashinfer's own result", 16, True)
+    finally:
+        getters.unpatch(module)

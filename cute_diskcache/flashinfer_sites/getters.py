@@ -175,13 +175,17 @@ def _wrap(getter: Getter, real: Any) -> Callable[..., Any] | None:
         except TypeError:
             return real(*args, **kwargs)  # flashinfer's own error
         bound.apply_defaults()
-        mac: tuple[tuple[int, int], ...] = ()
-        if sizes:
-            from flashinfer.cute_dsl.utils import get_max_active_clusters  # what the getter itself reads
+        try:
+            mac: tuple[tuple[int, int], ...] = ()
+            if sizes:
+                from flashinfer.cute_dsl.utils import get_max_active_clusters  # what the getter itself reads
 
-            mac = tuple((n, get_max_active_clusters(n)) for n in sizes)
-        if not modules:
-            modules.append(kernel_modules(imports))
+                mac = tuple((n, get_max_active_clusters(n)) for n in sizes)
+            if not modules:
+                modules.append(kernel_modules(imports))
+        except Exception as exc:  # e.g. a kernel module of a branch this call does not take fails to import
+            log.debug("%s.%s uncached for this call: %s", getter.module, getter.function, exc)
+            return real(*args, **kwargs)
         call = Call({"family": getter.family, "getter": getter.function, "module": getter.module,
                      "args": dict(bound.arguments), "max_active_clusters": mac, "kernel_modules": modules[0]}, (), {})
         mem_key = _key(call)
