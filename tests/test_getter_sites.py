@@ -46,11 +46,11 @@ def _get_cute_dsl_bf16_fp4_gemv(splits, a_dtype, c_dtype, device=None):
 '''
 
 
-def _module(tmp_path: Path, source: str) -> ModuleType:
+def _module(tmp_path: Path, source: str, name: str = GEMM_BF16_FP4) -> ModuleType:
     """A module named like flashinfer's, from a file (the check reads the getters' source)."""
-    path = tmp_path / "gemm_bf16_fp4_cute_dsl.py"
+    path = tmp_path / f"{name.rsplit('.', 1)[-1]}.py"
     path.write_text(textwrap.dedent(source))
-    spec = importlib.util.spec_from_file_location(GEMM_BF16_FP4, path)
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -132,12 +132,7 @@ def test_a_getter_whose_key_cannot_be_read_runs_as_flashinfers(tmp_path: Path, m
         raise ModuleNotFoundError("No module named 'flashinfer.msa_ops.cute_dsl.no_such_kernel_module'")
 
     monkeypatch.setattr(getters, "kernel_modules", failing_import)
-    path = tmp_path / "sparse_topk_select.py"
-    path.write_text(textwrap.dedent(BROKEN_BRANCH))
-    spec = importlib.util.spec_from_file_location(MSA_TOPK, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _module(tmp_path, BROKEN_BRANCH, MSA_TOPK)
     assert getters.patch(module) is True
     try:
         assert module._get_compiled_topk(16, True, True) == ("flashinfer's own result", 16, True)
