@@ -75,6 +75,7 @@ COVERED = {(g.file, g.function): g.kind for g in GETTERS}
 _DEVICE_QUERY = "get_max_active_clusters"
 _OTHER_DEVICE_QUERIES = ("get_compute_capability", "get_device_sm_count", "torch.cuda.", "get_device_properties")
 _MARKER = "_cdc_getter"
+_ABSENT = object()
 
 
 class _Unsupported(Exception):
@@ -165,11 +166,22 @@ def _wrap(getter: Getter, real: Any) -> Callable[..., Any] | None:
         return None
     site = _site(getter)
     memo: dict[Any, Any] = {}
+    # The arguments exactly as flashinfer passed them -> kernel: flashinfer calls the getter on
+    # every GEMM/attention call, so a repeat must cost what flashinfer's own memo costs (one dict
+    # lookup), not a signature bind and a key. Keyed like flashinfer's memo (by its arguments).
+    seen: dict[Any, Any] = {}
     lock = threading.Lock()
     modules: list[tuple[str, ...]] = []  # resolved at the first call
 
     @functools.wraps(real)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        raw: Any = (args, tuple(kwargs.items()))
+        try:
+            return seen[raw]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable argument (a list): the full path below, every time
+            raw = None
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError:
@@ -190,11 +202,13 @@ def _wrap(getter: Getter, real: Any) -> Callable[..., Any] | None:
                      "args": dict(bound.arguments), "max_active_clusters": mac, "kernel_modules": modules[0]}, (), {})
         mem_key = _key(call)
         with lock:
-            if mem_key in memo:
-                return memo[mem_key]
-        kernel = _common.through_cache(site, call, lambda: real(*args, **kwargs))
+            kernel = memo.get(mem_key, _ABSENT)
+        if kernel is _ABSENT:
+            kernel = _common.through_cache(site, call, lambda: real(*args, **kwargs))
         with lock:  # a planned kernel too: a planning process never serves
             memo[mem_key] = kernel
+            if raw is not None:
+                seen[raw] = kernel
         return kernel
 
     setattr(wrapper, _MARKER, True)
