@@ -20,11 +20,13 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any, Sequence
 
-from .flashinfer_sites.names import FLASHINFER, MOE_DISPATCH, SITE_PACKAGES  # noqa: E402  (imports nothing)
+from .flashinfer_sites.names import DSL_CUTE, FLASHINFER, MOE_DISPATCH, SITE_PACKAGES  # noqa: E402  (imports nothing)
 
-#: flashinfer's own import (a profile must be in place before it queries the device), and every
-#: module of the adapter's site packages as it is imported (the adapter decides which hold sites).
-_WATCHED = (FLASHINFER, MOE_DISPATCH)
+#: flashinfer's own import (a profile must be in place before it queries the device), the DSL's
+#: ``cutlass.cute`` (the inline sites' one hook goes on its ``compile``, whatever imports it
+#: first), and every module of the adapter's site packages as it is imported (the adapter
+#: decides which hold sites).
+_WATCHED = (FLASHINFER, MOE_DISPATCH, DSL_CUTE)
 
 
 def _watched(fullname: str) -> bool:
@@ -66,7 +68,9 @@ class _Loader:
         if self._fullname == FLASHINFER:
             _apply_profile()  # flashinfer queries the device while it imports
         self._real.exec_module(module)
-        if self._fullname.startswith(SITE_PACKAGES):
+        if self._fullname == DSL_CUTE:
+            _attach_dsl()
+        elif self._fullname.startswith(SITE_PACKAGES):
             _attach(module)
 
     def __getattr__(self, name: str) -> Any:  # get_source, is_package, resource readers...
@@ -117,6 +121,18 @@ def _attach(module: ModuleType) -> None:
         _log().warning("cute-diskcache could not attach to flashinfer (%s); running uncached", exc)
 
 
+def _attach_dsl() -> None:
+    """The inline sites' hook on ``cutlass.cute.compile`` (when the cache is on)."""
+    if not _cache_on:
+        return
+    try:
+        from . import flashinfer_sites
+
+        flashinfer_sites.attach_dsl()
+    except Exception as exc:  # never break the DSL's import because of the cache
+        _log().warning("cute-diskcache could not attach to the DSL (%s); inline sites run uncached", exc)
+
+
 def _ensure_finder() -> None:
     global _finder
     if _finder is None:
@@ -165,6 +181,8 @@ def install(target: str | None = None) -> None:
         _ensure_finder()
         for module in _site_modules():
             _attach(module)
+        if DSL_CUTE in sys.modules:
+            _attach_dsl()
 
 
 def uninstall() -> None:
@@ -184,6 +202,10 @@ def uninstall() -> None:
 
             for module in modules:
                 flashinfer_sites.unpatch(module)
+        if DSL_CUTE in sys.modules:
+            from .flashinfer_sites import inline
+
+            inline.unpatch()
 
 
 def installed() -> bool:

@@ -15,6 +15,9 @@ Sites (each one call):
     bf16_fp4_gemv  its m=1 GEMV
     msa_topk, msa_combine, msa_union
                  MSA's SM12x top-k select, sparse-decode combine and sparse-prefill union kernels
+    msa_decode, msa_proxy, msa_proxy_fp4
+                 MSA's ops whose kernels are compiled inline (sparse decode over a paged NVFP4 KV
+                 cache, the bf16 and NVFP4 proxy scores), through their public entry points
 
 ``--engine MODEL`` instead serves MODEL the way vLLM 0.34 would, written here independently of
 prewarm: its B12xMoEWrapper (use_cuda_graph=True) for every ``--m``, and for each NVFP4 linear
@@ -129,6 +132,32 @@ def msa(kind: str) -> Any:
     return m._get_compiled_union(16, 32)
 
 
+def msa_op(kind: str, batch: int = 2, heads: int = 8) -> Any:
+    """MSA's public ops on a paged KV cache (4 pages of 128 tokens, one KV head, head dim 128),
+    one query token per request, with explicit offsets (the default ones are CUDA dummies)."""
+    import torch
+    from flashinfer.msa_ops.proxy_score import msa_proxy_score, msa_proxy_score_fp4
+    from flashinfer.msa_ops.sparse_decode import msa_sparse_decode_attention
+
+    b, h, d, pages, i32 = batch, heads, 128, 4, torch.int32
+    paged = {"page_table": torch.zeros(b, pages, dtype=i32), "seqused_k": torch.full((b,), 256, dtype=i32),
+             "q_offset": torch.zeros(b, dtype=i32)}
+    if kind == "decode":
+        k = torch.zeros(pages, 1, 128, d // 2, dtype=torch.uint8)
+        sf = torch.zeros(pages * 128 * (d // 16), dtype=torch.uint8)
+        return msa_sparse_decode_attention(torch.zeros(b, h, d, dtype=torch.bfloat16), k, k.clone(),
+                                           torch.zeros(1, b, 16, dtype=i32), k_scale=sf, v_scale=sf.clone(),
+                                           force_fused=True, **paged)
+    cu_q = torch.arange(b + 1, dtype=i32)
+    if kind == "proxy":
+        return msa_proxy_score(torch.zeros(b, h, d, dtype=torch.bfloat16), torch.zeros(pages, 1, 128, d, dtype=torch.bfloat16),
+                               cu_q, max_seqlen_q=1, max_k_tiles=4, **paged)
+    q_sf = torch.zeros(b * h * (d // 16), dtype=torch.uint8)
+    k_sf = torch.zeros(pages * 128 * (d // 16), dtype=torch.uint8)
+    return msa_proxy_score_fp4(torch.zeros(b, h, d // 2, dtype=torch.uint8), torch.zeros(pages, 1, 128, d // 2, dtype=torch.uint8),
+                               q_sf, k_sf, 1.0, 1.0, cu_q, max_seqlen_q=1, max_k_tiles=4, **paged)
+
+
 def engine(model: str, ms: list[int], max_num_tokens: int) -> dict[str, Any]:
     """Serve ``model`` for these m the way vLLM 0.34 does: MoE layers, then dense layers."""
     from flashinfer.fused_moe.utils import get_hybrid_num_tokens_buckets
@@ -180,6 +209,11 @@ SITES: dict[str, Callable[[argparse.Namespace], Any]] = {
     "msa_topk": lambda a: msa("topk"),
     "msa_combine": lambda a: msa("combine"),
     "msa_union": lambda a: msa("union"),
+    "msa_decode": lambda a: msa_op("decode"),
+    "msa_decode_b3": lambda a: msa_op("decode", batch=3),
+    "msa_decode_h16": lambda a: msa_op("decode", heads=16),
+    "msa_proxy": lambda a: msa_op("proxy"),
+    "msa_proxy_fp4": lambda a: msa_op("proxy_fp4"),
 }
 
 

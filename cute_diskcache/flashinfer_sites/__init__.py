@@ -10,6 +10,9 @@ One module per flashinfer generation:
 * :mod:`.getters` - every release that has them: kernel getters whose arguments determine the
   kernel (the BF16 x FP4 dense GEMM and its m=1 GEMV, W4A16 NVFP4 linear layers; MSA's top-k,
   combine and union kernels), in memory only in flashinfer.
+* :mod:`.inline` - every release that has them: sm12x kernels compiled inside an op or a
+  kernel runner (MSA, block-sparse attention, KDA, GDN, frost low-latency, expert-parallel MoE),
+  keyed by everything the compile receives.
 * :mod:`.native` - 0.6.18+: flashinfer's other natively cached sm12x kernels (SM12x CuTe FP4
   GEMM, SM120 FMHA), served like moe_dispatch's.
 * :mod:`.v0_7` - 0.6.18 to 0.7.x: flashinfer persists those three itself, keyed on torch's
@@ -62,6 +65,7 @@ __all__ = [
     "SM12X",
     *_LAZY,
     "apply_profile",
+    "attach_dsl",
     "patch",
     "unpatch",
 ]
@@ -82,11 +86,13 @@ def patch(module: ModuleType) -> bool:
     A flashinfer + DSL combination the compatibility matrix shows cannot work is refused
     (:mod:`.compat`): nothing is attached, and one log line says why.
     """
-    from . import compat, gemm, getters, native, v0_6, v0_7
+    from . import compat, gemm, getters, inline, native, v0_6, v0_7
     from ._common import flashinfer_version
 
     if compat.refused():
         return False
+    if "cutlass.cute" in sys.modules:  # the inline sites: one hook on the DSL, for the whole process
+        inline.patch()
     if module.__name__ in gemm.MEMOS:
         return gemm.patch(module)  # the b12x dense GEMMs (every release that has them)
     if module.__name__ in getters.MODULES:
@@ -101,10 +107,20 @@ def patch(module: ModuleType) -> bool:
     return False
 
 
+def attach_dsl() -> bool:
+    """Route flashinfer's inline sites through the cache: one hook on ``cutlass.cute.compile``,
+    put in place as the DSL is imported (those sites' modules import it inside functions, or are
+    imported under names outside ``flashinfer.*``, so no flashinfer import announces them)."""
+    from . import compat, inline
+
+    return not compat.refused() and inline.patch()
+
+
 def unpatch(module: ModuleType) -> None:
     """Put back what :func:`patch` replaced in ``module`` (target profile stand-ins stay)."""
-    from . import gemm, getters, native, v0_7
+    from . import gemm, getters, inline, native, v0_7
 
+    inline.unpatch()
     v0_7.unpatch(module)
     gemm.unpatch(module)
     getters.unpatch(module)

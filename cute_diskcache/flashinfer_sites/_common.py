@@ -128,6 +128,8 @@ def options_text(options: Any) -> str:
     """DSL compile options (``OptLevel(3)`` ...) as stable text; their repr holds an address."""
     if isinstance(options, (str, int, float, bool)) or options is None:
         return repr(options)
+    if isinstance(options, (tuple, list)):  # cute.compile[opt_a, opt_b] (GDN's compile cache)
+        return "(" + ", ".join(options_text(o) for o in options) + ")"
     cls = type(options)
     state = getattr(options, "__dict__", None)
     if state is None:
@@ -234,6 +236,8 @@ class Site:
     env_kind: str = "flashinfer-moe"  # the Environment's kind: the namespace's prefix (flashinfer-gemm, ...)
     #: What flashinfer gets: ``adapt(kernel, extra, call)`` (default: the kernel as the cache gave it).
     adapt: Callable[[Any, dict[str, Any], Call], Any] | None = None
+    #: The key's environment, when the site's code is not one module's (default: :func:`environment`).
+    env: Callable[[Call], Environment] | None = None
 
     @property
     def name(self) -> str:
@@ -291,8 +295,11 @@ def through_cache(site: Site, call: Call, compile_fn: Callable[[], Any],
     """
     uncached = uncached or compile_fn
     try:
-        modules = site.modules(call) if site.modules else (site.module,)
-        env = environment(*modules) if site.env_kind == Site.env_kind else environment(*modules, kind=site.env_kind)
+        if site.env is not None:
+            env = site.env(call)
+        else:
+            modules = site.modules(call) if site.modules else (site.module,)
+            env = environment(*modules) if site.env_kind == Site.env_kind else environment(*modules, kind=site.env_kind)
         key = CacheKey(env, site.name, site.key(call), site.options(call))
         key.digest  # noqa: B018 - encode now, so an unkeyable element is caught here
         cache = cache_fn()

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from .. import targets
 from ._common import PATCHES
+from .names import MSA_PROXY
 
 log = logging.getLogger("cute_diskcache")
 
@@ -37,10 +38,11 @@ MXFP8 = "flashinfer.gemm.gemm_mm_mxfp8_cute_dsl"
 SM12X_RUNNER = "flashinfer.gemm.kernels.sm12x_cute.runner"
 #: module -> the names in it that get a stand-in.
 STANDS_IN = {
-    UTILS: ("get_compute_capability",),
+    UTILS: ("get_compute_capability", "is_sm12x_supported"),
     GEMM_BASE: ("get_compute_capability", "get_cuda_version", "_get_stream_cache_buf"),
     MXFP8: ("get_cuda_version",),
     SM12X_RUNNER: ("get_compute_capability",),
+    MSA_PROXY: ("is_sm12x_supported",),
 }
 
 
@@ -82,6 +84,24 @@ def _cuda_version(real: Callable[[], Any]) -> Callable[[], Any]:
     return get_cuda_version
 
 
+def _sm12x_supported(real: Callable[..., Any], profile: targets.DeviceProfile) -> Callable[..., Any]:
+    """flashinfer's SM12x gate (MSA's ops ask it) reads ``torch.version.cuda``, None in a CPU
+    torch: for a CPU tensor, answer for the profile's card and the CUDA the DSL compiles with."""
+    @functools.wraps(real)
+    def is_sm12x_supported(device: Any) -> bool:
+        if getattr(device, "type", None) != "cpu":
+            return bool(real(device))
+        major, minor = tuple(profile.capability)
+        found = bindings_cuda_version()
+        if major != 12 or found is None:
+            return False
+        from packaging.version import Version
+
+        return Version(found) >= Version("12.9" if minor >= 1 else "12.8")
+
+    return is_sm12x_supported
+
+
 def _stream_buffer(real: Callable[..., Any]) -> Callable[..., Any]:
     held: dict[str, Any] = {}  # one host buffer per name, grown as asked (as flashinfer keeps one per stream)
 
@@ -102,6 +122,7 @@ def _stream_buffer(real: Callable[..., Any]) -> Callable[..., Any]:
 _MAKERS: dict[str, Callable[..., Callable[..., Any]]] = {
     "get_compute_capability": _capability,
     "get_cuda_version": lambda real, _profile: _cuda_version(real),
+    "is_sm12x_supported": _sm12x_supported,
     "_get_stream_cache_buf": lambda real, _profile: _stream_buffer(real),
 }
 

@@ -5,6 +5,8 @@ imported), so it imports nothing: every other fact about flashinfer stays in thi
 """
 
 FLASHINFER = "flashinfer"
+#: The DSL module whose ``compile`` the inline sites go through (:mod:`.inline`): hooked as it is imported.
+DSL_CUTE = "cutlass.cute"
 SM12X = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x"
 MOE_DISPATCH = f"{SM12X}.moe_dispatch"
 FLASHINFER_UTILS = "flashinfer.cute_dsl.utils"
@@ -17,10 +19,11 @@ GEMM_BF16_FP4 = "flashinfer.gemm.gemm_bf16_fp4_cute_dsl"
 MSA_TOPK = "flashinfer.msa_ops.sparse_topk_select"
 MSA_DECODE = "flashinfer.msa_ops.sparse_decode"
 MSA_PREFILL = "flashinfer.msa_ops.sparse_prefill"
+MSA_PROXY = "flashinfer.msa_ops.proxy_score"  # imports flashinfer.utils' SM12x gate by name (offline stand-in)
 CUTE_DSL_CORE = "flashinfer.jit.cute_dsl_core"
 UTILS = "flashinfer.utils"
 SM12X_CUTE = "flashinfer.gemm.kernels.sm12x_cute."
 #: Every module under these prefixes is offered to the adapter as it is imported; the adapter
 #: decides, per flashinfer version, which ones hold compile sites (exact module names are
 #: prefixes too: nothing else in flashinfer extends them).
-SITE_PACKAGES = (SM12X + ".", GEMM_BASE, GEMM_MXFP8, GEMM_BF16_FP4, MSA_TOPK, MSA_DECODE, MSA_PREFILL, CUTE_DSL_CORE, UTILS, FLASHINFER_UTILS, SM12X_CUTE)
+SITE_PACKAGES = (SM12X + ".", GEMM_BASE, GEMM_MXFP8, GEMM_BF16_FP4, MSA_TOPK, MSA_DECODE, MSA_PREFILL, MSA_PROXY, CUTE_DSL_CORE, UTILS, FLASHINFER_UTILS, SM12X_CUTE)

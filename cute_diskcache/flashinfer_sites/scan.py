@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import compat, gemm, getters, known, native, v0_6, v0_7
+from . import compat, gemm, getters, inline, known, native, v0_6, v0_7
 from ._common import flashinfer_version
 
 COVERED_BY_US, NATIVE, NOTHING, PER_CALLER = "cute-diskcache", "flashinfer", "nothing", "per caller"
@@ -297,6 +297,7 @@ def _table(version: str, native_ours: bool, package_dir: Path | None) -> dict[tu
     if v0_6.applies(version) or v0_7.applies(version):
         table.update(gemm.COVERED)
         table.update(getters.covered(package_dir) if package_dir is not None else {})
+        table.update(inline.covered(package_dir) if package_dir is not None else {})
     if v0_7.applies(version) and native_ours:
         table.update(native.COVERED)
     return table
@@ -324,6 +325,7 @@ def classify(found: list[Found], version: str, *, package_dir: Path | None = Non
     site whose ``site_checks`` found problems is passed through, so it is nothing's too.
     """
     table = _table(version, native_ours, package_dir)
+    inline_sites = set(inline.covered(package_dir)) if package_dir is not None else set()
     unverified = site_checks is not None and not compat.verified(version)
 
     def problems(file: str, function: str) -> list[str]:
@@ -339,6 +341,8 @@ def classify(found: list[Found], version: str, *, package_dir: Path | None = Non
             f.status = COVERED_BY_US
             if f.native:
                 f.note = "flashinfer's native site, served from cute-diskcache (CUTE_DISKCACHE_NATIVE_SITES=flashinfer leaves it to flashinfer)"
+            elif where in inline_sites:
+                f.note = inline.NOTE
             if unverified:
                 f.note = "unverified release, checks passed" + (f"; {f.note}" if f.note else "")
         elif where in known.HELPERS:
