@@ -1,0 +1,70 @@
+"""Per-site compile seconds and hit milliseconds of flashinfer 0.7.4's inline sites on this CPU.
+
+MSA's decode and proxy-score ops compile their sm12x kernel inline (``flashinfer_sites/inline.py``).
+Driven through flashinfer's public ops on CPU tensors for the rtx-pro-6000 profile by
+``tests/fi074_dense_driver.py`` (the launch after each compile or load fails without a GPU, the
+same way cold and warm): one cold process into an empty cache, then ``--warm`` fresh processes.
+Printed per site: compile and persist seconds (cold), and the p50 of the hit (the cache layer's
+whole lookup, checks and load) over the warm processes.
+
+    CUTE_DISKCACHE_FI074_PYTHON=.venv-fi074/bin/python python bench/inline_sites_cpu.py [--warm 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+DRIVER = Path(__file__).resolve().parent.parent / "tests" / "fi074_dense_driver.py"
+SITES = ("msa_decode", "msa_proxy", "msa_proxy_fp4")
+
+
+def run(python: str, root: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_DISKCACHE_") and k != "CUTE_DSL_ARCH"}
+    env.update(CUTE_DISKCACHE_DIR=root, FLASHINFER_B12X_DISK_CACHE="1", CUTE_DSL_DISABLE_FILE_CACHING="1")
+    proc = subprocess.run([python, str(DRIVER), "--target", "rtx-pro-6000", *SITES], env=env, capture_output=True,
+                          text=True, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr[-3000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--warm", type=int, default=5)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    python = os.environ.get("CUTE_DISKCACHE_FI074_PYTHON") or sys.executable
+    root = tempfile.mkdtemp(prefix="cdc-inline-bench-")
+    cold = run(python, root)
+    warm = [run(python, root) for _ in range(args.warm)]
+    rows = {}
+    for site, _digest, outcome, seconds, persist in cold["events"]:
+        assert outcome == "miss", cold["events"]
+        rows[site] = {"compile_s": round(seconds, 3), "persist_ms": round(persist * 1e3, 1)}
+    for site in rows:
+        hits = [e[3] for w in warm for e in w["events"] if e[0] == site]
+        assert len(hits) == args.warm and all(e[2] == "hit" for w in warm for e in w["events"]), [w["events"] for w in warm]
+        rows[site]["hit_ms_p50"] = round(statistics.median(hits) * 1e3, 2)
+        rows[site]["hit_ms_max"] = round(max(hits) * 1e3, 2)
+    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("model name")), platform.processor() or "cpu") if Path("/proc/cpuinfo").exists() else "cpu"
+    machine = f"{model}, {platform.machine()}, {os.cpu_count()} cores, no GPU"
+    print(f"inline sites, flashinfer 0.7.4, rtx-pro-6000 profile, {machine}; cold once, {args.warm} warm processes")
+    for site, row in rows.items():
+        print(f"  {site:40s} compile {row['compile_s']:6.2f} s  persist {row['persist_ms']:6.1f} ms  "
+              f"hit p50 {row['hit_ms_p50']:5.2f} ms (max {row['hit_ms_max']:.2f})")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine, "warm": args.warm, "sites": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
