@@ -1,6 +1,7 @@
 """Per-site compile seconds and hit milliseconds of flashinfer 0.7.4's inline sites on this CPU.
 
-MSA's decode and proxy-score ops compile their sm12x kernel inline (``flashinfer_sites/inline.py``).
+MSA's decode, proxy-score and prefill ops and GDN's SM12x prefill compile their sm12x kernel
+inline (``flashinfer_sites/inline.py``; GDN's through its delta-rule compile cache, PTX kept).
 Driven through flashinfer's public ops on CPU tensors for the rtx-pro-6000 profile by
 ``tests/fi074_dense_driver.py`` (the launch after each compile or load fails without a GPU, the
 same way cold and warm): one cold process into an empty cache, then ``--warm`` fresh processes.
@@ -23,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 DRIVER = Path(__file__).resolve().parent.parent / "tests" / "fi074_dense_driver.py"
-SITES = ("msa_decode", "msa_proxy", "msa_proxy_fp4")
+SITES = ("msa_decode", "msa_proxy", "msa_proxy_fp4", "msa_prefill", "gdn_prefill")
 
 
 def run(python: str, root: str) -> dict:

@@ -15,9 +15,10 @@ Sites (each one call):
     bf16_fp4_gemv  its m=1 GEMV
     msa_topk, msa_combine, msa_union
                  MSA's SM12x top-k select, sparse-decode combine and sparse-prefill union kernels
-    msa_decode, msa_proxy, msa_proxy_fp4
+    msa_decode, msa_proxy, msa_proxy_fp4, msa_prefill
                  MSA's ops whose kernels are compiled inline (sparse decode over a paged NVFP4 KV
-                 cache, the bf16 and NVFP4 proxy scores), through their public entry points
+                 cache, the bf16 and NVFP4 proxy scores, sparse prefill), through their public entry points
+    gdn_prefill  GDN's SM12x chunked prefill, compiled through its delta-rule compile cache (PTX kept and checked)
 
 ``--engine MODEL`` instead serves MODEL the way vLLM 0.34 would, written here independently of
 prewarm: its B12xMoEWrapper (use_cuda_graph=True) for every ``--m``, and for each NVFP4 linear
@@ -158,6 +159,48 @@ def msa_op(kind: str, batch: int = 2, heads: int = 8) -> Any:
                                q_sf, k_sf, 1.0, 1.0, cu_q, max_seqlen_q=1, max_k_tiles=4, **paged)
 
 
+def msa_prefill(heads: int = 8) -> Any:
+    """MSA's sparse prefill through ``msa_sparse_attention`` on an empty batch: its union-metadata
+    builder returns before launching anything, and the prefill kernel (fake tensors with symbolic
+    extents: the batch is not in it) compiles as for a real batch. Paged NVFP4 KV, top-k 16."""
+    import torch
+    from flashinfer.msa_ops.sparse_prefill import msa_sparse_attention
+
+    d, pages, i32 = 128, 4, torch.int32
+    k = torch.zeros(pages, 1, 128, d // 2, dtype=torch.uint8)
+    sf = torch.zeros(pages * 128 * (d // 16), dtype=torch.uint8)
+    return msa_sparse_attention(torch.zeros(0, heads, d, dtype=torch.bfloat16), k, k.clone(), torch.zeros(1, 0, 16, dtype=i32),
+                                torch.zeros(1, dtype=i32), None, page_table=torch.zeros(0, pages, dtype=i32),
+                                seqused_k=torch.zeros(0, dtype=i32), k_scale=sf, v_scale=sf.clone(), q_offset=torch.zeros(0, dtype=i32))
+
+
+def _aligned(shape: tuple[int, ...], dtype: Any, align: int = 128) -> Any:
+    """A zero CPU tensor at an ``align``-byte address (a CUDA allocation always is; CPU torch's only 64)."""
+    import math
+
+    import torch
+
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    buf = torch.zeros(nbytes + align, dtype=torch.uint8)
+    off = -buf.data_ptr() % align
+    return buf[off:off + nbytes].view(dtype).view(shape)
+
+
+def gdn_prefill(heads: int = 4, tokens: int = 64) -> Any:
+    """GDN's SM12x chunked prefill (``chunk_gated_delta_rule_sm120``): its kernel compiles through
+    the delta-rule compile cache, which keeps the PTX and checks it (cluster-scoped TMA loads)."""
+    import torch
+    from flashinfer.gdn_kernels import chunk_gated_delta_rule_sm120
+    from flashinfer.utils import _get_cache_buf
+
+    buf = _get_cache_buf("gdn_prefill_tensormaps", 188 * 128, torch.device("cpu"))  # its TMA descriptor scratch
+    while buf.data_ptr() % 128:  # grown until aligned, as a CUDA allocation would be
+        buf = _get_cache_buf("gdn_prefill_tensormaps", buf.numel() + 64, torch.device("cpu"))
+    q, k, v, o = (_aligned((tokens, heads, 128), torch.bfloat16) for _ in range(4))
+    state = _aligned((1, heads, 128, 128), torch.float32)
+    return chunk_gated_delta_rule_sm120(o, state, q, k, v, None, None, None, torch.tensor([0, tokens]), 128 ** -0.5)
+
+
 def engine(model: str, ms: list[int], max_num_tokens: int) -> dict[str, Any]:
     """Serve ``model`` for these m the way vLLM 0.34 does: MoE layers, then dense layers."""
     from flashinfer.fused_moe.utils import get_hybrid_num_tokens_buckets
@@ -214,6 +257,8 @@ SITES: dict[str, Callable[[argparse.Namespace], Any]] = {
     "msa_decode_h16": lambda a: msa_op("decode", heads=16),
     "msa_proxy": lambda a: msa_op("proxy"),
     "msa_proxy_fp4": lambda a: msa_op("proxy_fp4"),
+    "msa_prefill": lambda a: msa_prefill(),
+    "gdn_prefill": lambda a: gdn_prefill(),
 }
 
 

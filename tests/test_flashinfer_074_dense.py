@@ -41,12 +41,13 @@ SITES = {"b12x_fp4": "flashinfer.gemm.b12x_fp4", "b12x_mxfp8": "flashinfer.gemm.
          "bf16_fp4_gemv": "flashinfer.gemm.bf16_fp4_gemv", "msa_topk": "flashinfer.msa.msa_topk",
          "msa_combine": "flashinfer.msa.msa_combine", "msa_union": "flashinfer.msa.msa_union",
          "msa_decode": "flashinfer.msa.msa_sparse_decode", "msa_proxy": "flashinfer.msa.msa_proxy_score",
-         "msa_proxy_fp4": "flashinfer.msa.msa_proxy_score_fp4"}
+         "msa_proxy_fp4": "flashinfer.msa.msa_proxy_score_fp4", "msa_prefill": "flashinfer.msa.msa_sparse_prefill",
+         "gdn_prefill": "flashinfer.gdn.gdn_delta_rule"}
 NATIVE = ("sm12x_cute", "fmha_ragged", "fmha_paged")
 B12X = ("b12x_fp4", "b12x_mxfp8")
 BF16_FP4 = ("bf16_fp4_gemm", "bf16_fp4_gemv")
 MSA = ("msa_topk", "msa_combine", "msa_union")
-INLINE = ("msa_decode", "msa_proxy", "msa_proxy_fp4")  # compiled inside MSA's public ops (flashinfer_sites/inline.py)
+INLINE = ("msa_decode", "msa_proxy", "msa_proxy_fp4", "msa_prefill")  # compiled inside MSA's public ops (flashinfer_sites/inline.py)
 
 
 def drive(child: Child, *sites: str, args: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -89,6 +90,10 @@ def test_warm_kernels_take_flashinfers_arguments_like_the_compiled_ones(shared: 
     for name in B12X + BF16_FP4 + INLINE:
         assert "expected device_type=cuda" in cold[name]["error"], cold[name]["error"]
         assert warm[name]["error"] == cold[name]["error"], (name, warm[name]["error"])
+    # GDN's prefill checks the PTX of what it compiled before launching: a hit must hand it the
+    # compiled kernel's PTX, or flashinfer raises "Unable to inspect generated PTX" instead.
+    assert "cudaErrorInsufficientDriver" in cold["gdn_prefill"]["error"], cold["gdn_prefill"]["error"]
+    assert warm["gdn_prefill"]["error"] == cold["gdn_prefill"]["error"], warm["gdn_prefill"]["error"]
     for name in NATIVE + MSA:  # compile only, no launch
         assert cold[name]["error"] is None and warm[name]["error"] is None, (cold[name], warm[name])
 
