@@ -86,13 +86,11 @@ def patch(module: ModuleType) -> bool:
     A flashinfer + DSL combination the compatibility matrix shows cannot work is refused
     (:mod:`.compat`): nothing is attached, and one log line says why.
     """
-    from . import compat, gemm, getters, inline, native, v0_6, v0_7
+    from . import compat, gemm, getters, native, v0_6, v0_7
     from ._common import flashinfer_version
 
     if compat.refused():
         return False
-    if "cutlass.cute" in sys.modules:  # the inline sites: one hook on the DSL, for the whole process
-        inline.patch()
     if module.__name__ in gemm.MEMOS:
         return gemm.patch(module)  # the b12x dense GEMMs (every release that has them)
     if module.__name__ in getters.MODULES:
@@ -118,9 +116,8 @@ def attach_dsl() -> bool:
 
 def unpatch(module: ModuleType) -> None:
     """Put back what :func:`patch` replaced in ``module`` (target profile stand-ins stay)."""
-    from . import gemm, getters, inline, native, v0_7
+    from . import gemm, getters, native, v0_7
 
-    inline.unpatch()
     v0_7.unpatch(module)
     gemm.unpatch(module)
     getters.unpatch(module)

@@ -208,12 +208,23 @@ def _qualname(cls: type) -> str:
 
 def _ours(module_name: str) -> bool:
     """A module of flashinfer's code: ``flashinfer.*``, or one loaded from its package directory
-    under another name (the expert-parallel kernels' ``sys.path`` entries)."""
+    under another name (the expert-parallel kernels' ``sys.path`` entries). Remembered per
+    loaded module: a key describes many objects of the same few modules."""
     if module_name == "flashinfer" or module_name.startswith("flashinfer."):
         return True
+    known = _OURS.get(module_name)
+    if known is not None:
+        return known
+    module = sys.modules.get(module_name)
     root = _package_dir()
-    path = getattr(sys.modules.get(module_name), "__file__", None)
-    return bool(root and path and os.path.realpath(path).startswith(root + os.sep))
+    path = getattr(module, "__file__", None)
+    ours = bool(root and path and os.path.realpath(path).startswith(root + os.sep))
+    if module is not None:
+        _OURS[module_name] = ours
+    return ours
+
+
+_OURS: dict[str, bool] = {}
 
 
 @functools.lru_cache(maxsize=1)
