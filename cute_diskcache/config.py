@@ -7,6 +7,7 @@ operator can change a variable and call ``install()`` again without restarting P
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from pathlib import Path
@@ -82,7 +83,8 @@ SETTINGS_DOC: dict[str, tuple[str, str, str]] = {
     "lock_timeout": (
         "CUTE_DISKCACHE_LOCK_TIMEOUT",
         "300",
-        "Seconds a process waits for another one compiling the same kernel before it warns once and compiles it too.",
+        "Seconds a process waits for another one compiling the same kernel before it warns once and compiles it too. "
+        "Every setting in seconds takes a finite number >= 0 (else its default, with one warning), at most 86400.",
     ),
     "trust_shared": (
         "CUTE_DISKCACHE_TRUST_SHARED",
@@ -94,7 +96,8 @@ SETTINGS_DOC: dict[str, tuple[str, str, str]] = {
         "CUTE_DISKCACHE_HMAC_KEY",
         "unset",
         "Secret that signs every entry written (HMAC-SHA256 over the manifest, which holds every payload's "
-        "sha256). When set, an unsigned entry is a miss (rewritten signed) and a badly signed one is quarantined.",
+        "sha256). When set, an unsigned or badly signed entry is a miss, never loaded, and stays where it is (it "
+        "may be for hosts holding another key); this process's compile rewrites it signed.",
     ),
     "remote": (
         "CUTE_DISKCACHE_REMOTE",
@@ -161,8 +164,29 @@ SETTINGS_DOC: dict[str, tuple[str, str, str]] = {
 }
 
 
+#: The longest wait a setting may ask for: a day is longer than any compile or fetch, and a bound
+#: that threading and time.sleep accept (1e300 overflows them; inf, 1e999 or nan would make a
+#: bounded wait unbounded).
+MAX_SECONDS = 86400.0
+_warned: set[tuple[str, str]] = set()  # (variable, value) already warned about: one line per process
+
+
+def _warn_once(name: str, raw: str, message: str, *args: object) -> None:
+    if (name, raw) in _warned:
+        return
+    _warned.add((name, raw))
+    import logging
+
+    logging.getLogger("cute_diskcache").warning(message, *args)
+
+
 def _float_env(name: str, default: float) -> float:
-    """A number of seconds from the environment; a value that is not one falls back, with a warning."""
+    """A finite number of seconds from the environment, at most :data:`MAX_SECONDS`.
+
+    Anything else (not a number, negative, inf, nan) keeps ``default``; more than the maximum is
+    the maximum. Either way one warning per process and value, never an exception: a bad
+    setting must not turn the cache off.
+    """
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
         return default
@@ -170,12 +194,24 @@ def _float_env(name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if value != value or value < 0:  # NaN or negative
-        import logging
-
-        logging.getLogger("cute_diskcache").warning("ignoring %s=%r (not a number of seconds >= 0); using %g", name, raw, default)
+    if not math.isfinite(value) or value < 0:
+        _warn_once(name, raw, "ignoring %s=%r (not a finite number of seconds >= 0); using %g", name, raw, default)
         return default
+    if value > MAX_SECONDS:
+        _warn_once(name, raw, "%s=%r is more than %g s; using %g", name, raw, MAX_SECONDS, MAX_SECONDS)
+        return MAX_SECONDS
     return value
+
+
+def _hmac_key() -> bytes | None:
+    """``CUTE_DISKCACHE_HMAC_KEY``'s bytes as the OS gave them (None: unset or empty).
+
+    ``os.environ`` holds bytes that are not UTF-8 as surrogate escapes, which ``str.encode()``
+    refuses (a UnicodeEncodeError that turned the cache off with no reason given);
+    ``os.fsencode`` gives back exactly the bytes of the environment.
+    """
+    raw = os.environ.get("CUTE_DISKCACHE_HMAC_KEY", "")
+    return os.fsencode(raw) or None
 
 
 def _flashinfer_cache_dir() -> Path | None:
@@ -292,7 +328,7 @@ def load() -> Settings:
         single_flight=flag("single_flight"),
         lock_timeout=_float_env("CUTE_DISKCACHE_LOCK_TIMEOUT", 300.0),
         trust_shared=flag("trust_shared"),
-        hmac_key=os.environ.get("CUTE_DISKCACHE_HMAC_KEY", "").encode() or None,
+        hmac_key=_hmac_key(),
         remote=os.environ.get("CUTE_DISKCACHE_REMOTE", "").strip() or None,
         remote_readonly=flag("remote_readonly"),
         remote_timeout=_float_env("CUTE_DISKCACHE_REMOTE_TIMEOUT", 1.0) or 1.0,

@@ -1,0 +1,132 @@
+"""Settings that are junk never make a bounded wait unbounded nor turn the cache off (issue 21, items 7, 9).
+
+Synthetic entries, no compiles: what is checked is :func:`config.load` and the store's reading of
+a signature, against what :data:`config.SETTINGS_DOC` (the README's table) says of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+
+import msgpack
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever pytest's import mode
+
+from _helpers import make_artifact, make_key  # noqa: E402
+
+from cute_diskcache import config, entry  # noqa: E402
+from cute_diskcache.store import Store  # noqa: E402
+
+SECONDS = {  # variable -> (Settings field, default)
+    "CUTE_DISKCACHE_LOCK_TIMEOUT": ("lock_timeout", 300.0),
+    "CUTE_DISKCACHE_REMOTE_TIMEOUT": ("remote_timeout", 1.0),
+    "CUTE_DISKCACHE_REMOTE_COOLDOWN": ("remote_cooldown", 30.0),
+}
+
+
+@pytest.fixture(autouse=True)
+def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test sees its own first warning (config warns once per process and value)."""
+    if hasattr(config, "_warned"):
+        monkeypatch.setattr(config, "_warned", set())
+    for name in SECONDS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("CUTE_DISKCACHE_HMAC_KEY", raising=False)
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "cute_diskcache" and r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("variable", sorted(SECONDS))
+@pytest.mark.parametrize("raw", ["inf", "1e999", "-inf", "nan", "-1", "soon"])
+def test_seconds_that_are_not_finite_keep_the_default(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, variable: str, raw: str
+) -> None:
+    """Measured on the old code: LOCK_TIMEOUT=1e999 and REMOTE_TIMEOUT=inf loaded as inf."""
+    field, default = SECONDS[variable]
+    monkeypatch.setenv(variable, raw)
+    with caplog.at_level(logging.WARNING, logger="cute_diskcache"):
+        values = [getattr(config.load(), field) for _ in range(3)]
+    assert values == [default] * 3
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1 and variable in warnings[0], warnings
+
+
+@pytest.mark.parametrize("variable", sorted(SECONDS))
+def test_seconds_beyond_a_day_are_a_day(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, variable: str) -> None:
+    """1e300 is finite, but threading's waits overflow on it (OverflowError); a day bounds every wait."""
+    field, _default = SECONDS[variable]
+    monkeypatch.setenv(variable, "1e300")
+    with caplog.at_level(logging.WARNING, logger="cute_diskcache"):
+        value = getattr(config.load(), field)
+        config.load()
+    assert math.isfinite(value) and value == 86400.0
+    assert len(_warnings(caplog)) == 1
+
+
+@pytest.mark.parametrize("variable", sorted(SECONDS))
+def test_sane_seconds_pass_silently(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, variable: str) -> None:
+    field, _default = SECONDS[variable]
+    monkeypatch.setenv(variable, " 2.5 ")
+    with caplog.at_level(logging.WARNING, logger="cute_diskcache"):
+        assert getattr(config.load(), field) == 2.5
+    assert _warnings(caplog) == []
+
+
+def test_a_key_that_is_not_utf8_is_its_bytes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Measured on the old code: config.load raised UnicodeEncodeError, so the cache was off.
+
+    os.environ holds the bytes the OS gave as surrogate escapes; the key is those bytes, and it
+    signs and checks entries like any other.
+    """
+    secret = b"fleet \xff\xfe secret \x80"
+    monkeypatch.setenv("CUTE_DISKCACHE_HMAC_KEY", os.fsdecode(secret))
+    settings = config.load()
+    assert settings.hmac_key == secret
+    if hasattr(os, "environb"):
+        assert settings.hmac_key == os.environb[b"CUTE_DISKCACHE_HMAC_KEY"]
+    key, art = make_key("micro"), make_artifact()
+    store = Store(tmp_path / "cache", hmac_key=settings.hmac_key)
+    assert store.commit(key, art) is not None
+    assert store.lookup_or_quarantine(key) is not None
+    assert Store(tmp_path / "cache", hmac_key=b"fleet secret").lookup_or_quarantine(key) is None
+
+
+def test_a_utf8_key_keeps_its_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys that loaded before load the same bytes now: entries signed before still verify."""
+    monkeypatch.setenv("CUTE_DISKCACHE_HMAC_KEY", "clé-de-flotte")
+    assert config.load().hmac_key == "clé-de-flotte".encode()
+    monkeypatch.setenv("CUTE_DISKCACHE_HMAC_KEY", "")
+    assert config.load().hmac_key is None
+
+
+@pytest.mark.parametrize("how", ["another-key", "forged"])
+def test_a_badly_signed_entry_is_a_miss_that_stays_as_documented(tmp_path: Path, how: str) -> None:
+    """Issue 21, item 9: the settings table said a badly signed entry "is quarantined"; it is a
+    miss and stays where it is (it may be for hosts holding another key). Text and code agree."""
+    meaning = config.SETTINGS_DOC["hmac_key"][2]
+    assert "quarantine" not in meaning.lower(), meaning
+    assert "badly signed" in meaning and "miss" in meaning and "stays" in meaning, meaning
+
+    key, art = make_key("micro"), make_artifact()
+    ours = b"our fleet"
+    writer = Store(tmp_path / "cache", hmac_key=b"another fleet" if how == "another-key" else ours)
+    assert writer.commit(key, art) is not None
+    path = writer.entry_dir(key)
+    if how == "forged":  # a signature that is not a signature of this manifest by anyone
+        outer = msgpack.unpackb((path / entry.MANIFEST).read_bytes(), raw=False)
+        outer["hmac"] = "0" * 64
+        (path / entry.MANIFEST).write_bytes(msgpack.packb(outer, use_bin_type=True))
+    before = {p.name: p.read_bytes() for p in path.iterdir()}
+
+    store = Store(tmp_path / "cache", hmac_key=ours)
+    assert store.lookup_or_quarantine(key) is None, "a badly signed entry is never loaded"
+    assert store.rejected == 1
+    assert not store.quarantine_dir.exists(), "nothing is quarantined"
+    assert {p.name: p.read_bytes() for p in path.iterdir()} == before, "the entry stays, byte for byte"
