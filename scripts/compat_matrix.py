@@ -20,7 +20,7 @@ A cell is **proven** when 3 holds for every site; **refused** when cute-diskcach
 combination (one log line, see ``cute_diskcache/flashinfer_sites/compat.py``) because the DSL
 cannot compile that release's kernels (the DSL's own error is recorded); anything else is
 **failed**, a bug. One JSON per cell goes to ``compat/cells/``, the table to ``compat/README.md``,
-and the README's versions section is generated from them (``--readme``).
+and the versions table of docs/versions.md is generated from them (``--readme``).
 
     python scripts/compat_matrix.py                       # every cell (hours on 2 cores)
     python scripts/compat_matrix.py --cells ci            # the subset CI runs
@@ -561,7 +561,7 @@ README_END = "<!-- compat-matrix:end -->"
 
 
 def readme_section(results: list[dict[str, Any]]) -> str:
-    """The README's "which releases" list, from the matrix results."""
+    """docs/versions.md's "which releases" table, from the matrix results."""
     by_fi: dict[str, dict[str, list[str]]] = {}
     for r in results:
         by_fi.setdefault(r["flashinfer"], {}).setdefault(r["status"], []).append(_dsl_label(r))
@@ -572,7 +572,7 @@ def readme_section(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def update_readme(results: list[dict[str, Any]], readme: Path = REPO / "README.md") -> bool:
+def update_readme(results: list[dict[str, Any]], readme: Path = REPO / "docs" / "versions.md") -> bool:
     text = readme.read_text()
     if README_BEGIN not in text or README_END not in text:
         raise SystemExit(f"{readme}: markers {README_BEGIN!r} / {README_END!r} not found")
@@ -615,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--code", type=Path, default=REPO, help="the cute-diskcache source tree under test (default: this checkout)")
     ap.add_argument("--results", type=Path, default=RESULTS, help="where cells/*.json and README.md go")
     ap.add_argument("--table-only", action="store_true", help="only regenerate the tables from the results")
-    ap.add_argument("--readme", action="store_true", help="also regenerate the README's versions table")
+    ap.add_argument("--readme", action="store_true", help="also regenerate the versions table in docs/versions.md")
     ap.add_argument("--list", action="store_true", help="list the cells and exit")
     ap.add_argument("--drop-venvs", action="store_true", help="delete each cell's venv after its run (disk)")
     args = ap.parse_args(argv)

@@ -525,12 +525,3 @@ def test_stats_says_what_the_rest_of_the_root_holds(root: Path, three: dict[str,
     rc, out = run(capsys, "stats")
     line = next(ln for ln in out.splitlines() if ln.startswith("of which"))
     assert "quarantine 1 (4.0 KB)" in line and "staging 1" in line and "lock files 1" in line
-
-
-def test_readme_lists_every_setting() -> None:
-    """The README's environment table follows config.SETTINGS_DOC: a setting added there shows up here."""
-    from cute_diskcache import config
-
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    missing = [env for env, _d, _m in config.SETTINGS_DOC.values() if f"| `{env}` |" not in readme]
-    assert not missing, missing
