@@ -22,7 +22,7 @@ import struct
 import sys
 from pathlib import Path
 from dataclasses import dataclass, field
-from types import ModuleType
+from types import CodeType, ModuleType
 from typing import Any, Iterable, Mapping
 
 import msgpack
@@ -88,6 +88,42 @@ def _pack(tree: Any) -> bytes:
 def encode(value: Any) -> bytes:
     """Canonical bytes of a key element tree; raises :class:`UnkeyableError` if impossible."""
     return _pack(_tag(value))
+
+
+def code_digest(code: CodeType) -> str:
+    """sha256 of what a function's code object does, for keys that name a function.
+
+    A function's module and qualified name do not say which code it is: two lambdas of one
+    module share both, and so do the closures one factory returns. What the interpreter runs
+    is: the bytecode, the names and constants it uses (nested code objects, such as inner
+    functions and comprehensions, recursively), its argument layout and flags. File name and
+    line numbers are left out, so a function moved within its file keeps its entries (its
+    module's source hash still sees the edit).
+    """
+    return hashlib.sha256(encode(_code_tree(code, 0))).hexdigest()
+
+
+def _code_tree(code: CodeType, depth: int) -> Any:
+    if depth > 32:
+        raise UnkeyableError("code objects nested deeper than 32 levels")
+    return ("code", code.co_code, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars,
+            code.co_argcount, code.co_posonlyargcount, code.co_kwonlyargcount, code.co_flags,
+            tuple(_const(c, depth) for c in code.co_consts))
+
+
+def _const(value: Any, depth: int) -> Any:
+    """A code object's constant as key data; a frozenset (``x in {..}``) in a stable order."""
+    if isinstance(value, CodeType):
+        return _code_tree(value, depth + 1)
+    if isinstance(value, tuple):
+        return ("tuple", tuple(_const(v, depth) for v in value))
+    if isinstance(value, frozenset):
+        return ("frozenset", tuple(sorted((_const(v, depth) for v in value), key=encode)))
+    if value is Ellipsis:
+        return ("ellipsis",)
+    if isinstance(value, complex):
+        return ("complex", value.real, value.imag)
+    return value
 
 
 # --------------------------------------------------------------------------------------------

@@ -50,20 +50,88 @@ def test_fake_tensors_sharing_a_symbol_are_another_key_than_two_that_do_not() ->
     encode(tied())  # key data
 
 
-def _launcher(hidden: int, grid: list[int]) -> object:
-    @cute.jit
-    def _launch(x: cute.Tensor) -> None:
-        return (hidden, grid)  # closed over, as the expert-parallel reduce launchers close over theirs
+def _flashinfer_module(name: str, source: str) -> types.ModuleType:
+    """Stand-in for one of flashinfer's modules: its functions and classes say they are flashinfer's."""
+    mod = types.ModuleType(f"flashinfer._cdc_test_{name}")
+    mod.__dict__.update(cute=cute, cutlass=cutlass)
+    # dont_inherit: annotations evaluated at definition, as in flashinfer's modules (this file's
+    # ``from __future__ import annotations`` would otherwise make them strings)
+    exec(compile(textwrap.dedent(source), mod.__name__, "exec", dont_inherit=True), mod.__dict__)  # noqa: S102
+    for obj in mod.__dict__.values():
+        if isinstance(obj, type):
+            obj.__module__ = mod.__name__
+    sys.modules[mod.__name__] = mod
+    return mod
 
-    return _launch
+
+@pytest.fixture
+def launchers() -> types.ModuleType:
+    mod = _flashinfer_module("launchers", """
+        def launcher(hidden, grid):
+            @cute.jit
+            def _launch(x: cute.Tensor) -> None:
+                return (hidden, grid)  # closed over, as the expert-parallel reduce launchers close over theirs
+
+            return _launch
+
+        def make_kernel(wide):
+            # one factory, two annotations: the DSL specialises on them
+            def kernel(x: cutlass.Float32 if wide else cutlass.Float16, n: cutlass.Constexpr[int]):
+                return x
+
+            return kernel
+
+        double = lambda x: x * 2  # noqa: E731
+        triple = lambda x: x * 3  # noqa: E731
+    """)
+    yield mod
+    del sys.modules[mod.__name__]
 
 
-def test_a_launchers_closure_is_in_the_key() -> None:
-    assert inline.describe(_launcher(4096, [8, 1, 1])) == inline.describe(_launcher(4096, [8, 1, 1]))
-    assert inline.describe(_launcher(4096, [8, 1, 1])) != inline.describe(_launcher(7168, [8, 1, 1]))
-    assert inline.describe(_launcher(4096, [8, 1, 1])) != inline.describe(_launcher(4096, [16, 1, 1]))
-    fn = inline.describe(_launcher(4096, [8, 1, 1]))[0]
-    assert fn[0] == "function" and fn[2].endswith("_launcher.<locals>._launch"), fn  # the body, not the DSL's wrapper
+def test_a_launchers_closure_is_in_the_key(launchers: types.ModuleType) -> None:
+    launcher = launchers.launcher
+    assert inline.describe(launcher(4096, [8, 1, 1])) == inline.describe(launcher(4096, [8, 1, 1]))
+    assert inline.describe(launcher(4096, [8, 1, 1])) != inline.describe(launcher(7168, [8, 1, 1]))
+    assert inline.describe(launcher(4096, [8, 1, 1])) != inline.describe(launcher(4096, [16, 1, 1]))
+    fn = inline.describe(launcher(4096, [8, 1, 1]))[0]
+    assert fn[0] == "function" and fn[2].endswith("launcher.<locals>._launch"), fn  # the body, not the DSL's wrapper
+
+
+def test_a_functions_code_and_annotations_are_in_the_key(launchers: types.ModuleType) -> None:
+    """Issue 22: module, qualified name, defaults and closure do not tell two functions apart.
+
+    Two lambdas of one module share all four; so do the closures of one factory whose
+    annotations (which the DSL specialises on) differ.
+    """
+    assert launchers.double.__qualname__ == launchers.triple.__qualname__
+    assert inline.describe(launchers.double) != inline.describe(launchers.triple)
+    assert inline.describe(launchers.double) == inline.describe(launchers.double)
+    wide, narrow = launchers.make_kernel(True), launchers.make_kernel(False)
+    assert inline.describe(wide) != inline.describe(narrow)
+    assert inline.describe(wide) == inline.describe(launchers.make_kernel(True))
+    encode(inline.describe(wide, narrow, launchers.double))  # key data
+
+
+def test_a_function_from_a_module_no_key_fingerprints_is_refused(launchers: types.ModuleType) -> None:
+    """Issue 22: a callback from outside flashinfer (a ``score_mod`` held by a kernel object) was
+    keyed by its name while edits to its module changed nothing: x*2 and x*3 shared an entry."""
+    def score_mod(x: object) -> object:  # this test module: neither flashinfer's nor the DSL's
+        return x
+
+    kernels = _flashinfer_module("holder", """
+        class Attention:
+            def __init__(self, score_mod):
+                self.score_mod = score_mod
+    """)
+    try:
+        with pytest.raises(UnkeyableError, match="not fingerprinted"):
+            inline.describe(score_mod)
+        with pytest.raises(UnkeyableError, match="not fingerprinted"):
+            inline.describe(kernels.Attention(score_mod))
+        inline.describe(kernels.Attention(launchers.double))  # flashinfer's own callback is keyed
+        inline.describe(cute.make_layout)  # the DSL's functions are versioned by the DSL stack
+    finally:
+        del sys.modules[kernels.__name__]
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ import enum
 import functools
 import hashlib
 import importlib.util
+import inspect
 import logging
 import os
 import sys
@@ -42,7 +43,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from ..key import Environment, UnkeyableError, codegen_env, current_arch, env_reads, keyed_env
+from ..key import Environment, UnkeyableError, code_digest, codegen_env, current_arch, env_reads, keyed_env
 from . import _common, gemm
 from ._common import NOT_CODEGEN_ENV, Call, Site, arg_signature, options_text
 
@@ -166,7 +167,9 @@ class _Describer:
         if isinstance(value, functools.partial):
             return ("partial", self(value.func, depth + 1), self(value.args, depth + 1), self(value.keywords, depth + 1))
         if isinstance(value, types.MethodType):
-            return ("method", self(value.__self__, depth + 1), value.__func__.__qualname__)
+            func = value.__func__
+            return ("method", self(value.__self__, depth + 1),
+                    self._function(func, depth) if isinstance(func, types.FunctionType) else self(func, depth + 1))
         if isinstance(value, types.FunctionType):
             return self._function(value, depth)
         if cls.__name__ == "SymInt" and mod.startswith("cutlass"):
@@ -179,22 +182,55 @@ class _Describer:
             self._module(mod)
             state = tuple(sorted((k, self(v, depth + 1)) for k, v in vars(value).items()))
             return ("object", _qualname(cls), state)
-        if mod.startswith(("cutlass", "cuda.")) or (mod.startswith("torch.") and "stream" in cls.__qualname__.lower()):
+        if mod.startswith(_DSL_MODULES) or (mod.startswith("torch.") and "stream" in cls.__qualname__.lower()):
             return arg_signature(value)  # runtime tensors, streams, DSL numerics; refuses the rest
         raise UnkeyableError(f"no description for compile argument of type {_qualname(cls)}")
 
     def _function(self, fn: types.FunctionType, depth: int) -> Any:
+        """A function by what it runs: its code, annotations, defaults and closure.
+
+        Its module and qualified name alone would let two lambdas of one module, or two
+        closures of one factory with other annotations, share an entry. A function from a
+        module whose source no key fingerprints (neither flashinfer's nor the DSL's, which the
+        DSL stack versions) is refused: an edit there would not change the key.
+        """
         while isinstance(getattr(fn, "__wrapped__", None), types.FunctionType):
             fn = fn.__wrapped__
-        self._module(fn.__module__)
+        module = fn.__module__ or ""
+        if not (_ours(module) or module.startswith(_DSL_MODULES)):
+            raise UnkeyableError(f"function {module}.{fn.__qualname__} comes from a module whose source is not "
+                                 "fingerprinted (not flashinfer's, not the DSL's)")
+        self._module(module)
         cells = []
         for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
             try:
                 cells.append((name, self(cell.cell_contents, depth + 1)))
             except ValueError:  # an empty cell
                 cells.append((name, ("empty",)))
-        return ("function", fn.__module__, fn.__qualname__, self(fn.__defaults__, depth + 1),
-                self(fn.__kwdefaults__, depth + 1), tuple(cells))
+        return ("function", module, fn.__qualname__, code_digest(fn.__code__), self._annotations(fn, depth),
+                self(fn.__defaults__, depth + 1), self(fn.__kwdefaults__, depth + 1), tuple(cells))
+
+    def _annotations(self, fn: types.FunctionType, depth: int) -> Any:
+        """Evaluated annotations (the DSL reads them: ``cutlass.Constexpr``, tensor types), in order.
+
+        String annotations (``from __future__ import annotations``) are evaluated as
+        ``inspect.get_annotations`` does; one that cannot be evaluated is keyed by its text.
+        A typing construct (``Constexpr[int]``) is keyed by its ``repr``, which names it fully.
+        """
+        try:
+            annotations = inspect.get_annotations(fn, eval_str=True)
+        except Exception:
+            annotations = dict(getattr(fn, "__annotations__", None) or {})
+        out = []
+        for name, value in annotations.items():
+            try:
+                out.append((name, self(value, depth + 1)))
+            except UnkeyableError:
+                text = repr(value)
+                if " at 0x" in text:  # an object's identity, not a description
+                    raise
+                out.append((name, ("repr", _qualname(type(value)), text)))
+        return tuple(out)
 
     def _symbol(self, sym: Any) -> Any:
         index = self._symbols.setdefault(id(sym), len(self._symbols))
@@ -204,6 +240,10 @@ class _Describer:
 
 def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+#: Modules of the DSL: its version (the DSL stack) is in every key, so its code is fingerprinted.
+_DSL_MODULES = ("cutlass", "cuda.")
 
 
 def _ours(module_name: str) -> bool:
