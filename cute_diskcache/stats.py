@@ -14,7 +14,10 @@ process's file, so there is no lock between processes and no lost update.
   exec children do not keep it). A file whose lock can be taken belongs to a process that is
   gone, on any host that shares the volume, whatever its pid or hostname (every Kubernetes pod
   has a new one). :func:`fold` merges the files of gone processes, and earlier folds, into one
-  ``compacted-*`` file, so ``stats/`` holds one file per live process plus one.
+  ``compacted-*`` file, so ``stats/`` holds one file per live process plus one. The merged file
+  names what it absorbed, so a fold killed at any step neither counts twice nor loses counts.
+* A volume that fills: the file's blocks are allocated before they are mapped, so a full disk
+  is an error we catch (counts stay in memory, one warning), not a SIGBUS that kills the process.
 * A root whose filesystem cannot map files falls back to counting in memory, written at exit.
 
 ``cute-diskcache stats`` sums the files (:func:`aggregate`), ``zero`` zeroes them (live
@@ -27,6 +30,7 @@ import atexit
 import contextlib
 import errno
 import fcntl
+import logging
 import mmap
 import os
 import socket
@@ -81,6 +85,27 @@ def _slot_size(nfields: int) -> int:
     return _NAME_BYTES + 8 * nfields
 
 
+def _allocate(fd: int, start: int, end: int) -> None:
+    """Give ``fd``'s bytes ``start..end`` real blocks (zeros), or raise OSError (ENOSPC, EDQUOT...).
+
+    ``posix_fallocate`` where the filesystem has it; else zeros written, which allocate too.
+    """
+    if end <= start:
+        return
+    try:
+        os.posix_fallocate(fd, start, end - start)
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)):
+            raise
+    except AttributeError:  # no posix_fallocate on this platform
+        pass
+    zeros = bytes(min(end - start, 1 << 16))
+    at = start
+    while at < end:
+        at += os.pwrite(fd, zeros[: end - at], at)
+
+
 class _Mapped:
     """This process's counter file: an ``flock``-ed descriptor and a shared mapping of it."""
 
@@ -93,6 +118,7 @@ class _Mapped:
             self.slots: dict[str, int] = {}
             self.nslots = 0
             self.map: mmap.mmap | None = None
+            self.full = False  # the file could not grow: new namespaces count in memory
             self._grow(_FIRST_SLOTS)
         except BaseException:
             os.close(self.fd)
@@ -101,22 +127,36 @@ class _Mapped:
             raise
 
     def _grow(self, nslots: int) -> None:
+        """Make room for ``nslots`` slots: the blocks are allocated before any page is mapped.
+
+        A sparse file (``ftruncate``) has no blocks behind its new pages; on a full volume the
+        first store to such a page is a SIGBUS that kills the process (measured: a 64 KiB tmpfs,
+        the 12th namespace, rc 135). Allocating first makes a full disk an OSError here.
+        """
         size = _HEADER.size + nslots * _slot_size(len(FIELDS))
-        os.ftruncate(self.fd, size)
+        _allocate(self.fd, os.fstat(self.fd).st_size, size)
         os.pwrite(self.fd, _HEADER.pack(_MAGIC, len(FIELDS), nslots), 0)
         if self.map is not None:
             self.map.close()
         self.map = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.nslots = nslots
 
-    def add(self, namespace: str, index: int, amount: float) -> None:
+    def add(self, namespace: str, index: int, amount: float) -> bool:
+        """Count into the mapping; False: ``namespace`` has no slot and the file cannot grow."""
         slot = self.slots.get(namespace)
         if slot is None:
-            slot = self._claim(namespace)
+            if self.full:
+                return False
+            try:
+                slot = self._claim(namespace)
+            except (OSError, ValueError):
+                self.full = True  # no retry per count: a syscall on the hit path of every new namespace
+                raise
         assert self.map is not None
         at = _HEADER.size + slot * _slot_size(len(FIELDS)) + _NAME_BYTES + 8 * index
         (value,) = struct.unpack_from("<d", self.map, at)
         struct.pack_into("<d", self.map, at, value + amount)
+        return True
 
     def _claim(self, namespace: str) -> int:
         if len(self.slots) >= self.nslots:
@@ -144,6 +184,10 @@ _shared = False  # the root is shared (CUTE_DISKCACHE_TRUST_SHARED): stats/ foll
 #: Counts not (yet) in a file: recorded while unbound, or where mapping failed.
 _memory: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 _file_name = ""
+_warned_full = False  # "statistics kept in memory: <root> is full" said (once per process)
+#: errnos of a volume that has no room left for our file
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+log = logging.getLogger("cute_diskcache")
 
 
 def _new_name() -> str:
@@ -181,13 +225,18 @@ def _open() -> _Mapped | None:
         trust.make_dirs(_root, folder, shared=_shared)
         _file_name = _new_name()
         _file = _Mapped(folder / _file_name)
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
         _file_failed = True
+        _degraded(exc)
         return None
-    for ns, counts in _memory.items():  # what was counted before the file existed
-        for f, v in counts.items():
-            _file.add(ns, _INDEX[f], v)
-    _memory.clear()
+    for ns in list(_memory):  # what was counted before the file existed; what does not fit stays here
+        try:
+            placed = all(_file.add(ns, _INDEX[f], v) for f, v in _memory[ns].items())  # False at the first field or never
+        except (OSError, ValueError) as exc:
+            _degraded(exc)
+            placed = False
+        if placed:
+            del _memory[ns]
     return _file
 
 
@@ -198,11 +247,21 @@ def record(namespace: str, field: str, amount: float = 1) -> None:
         f = _file if _file is not None else _open()
         if f is not None:
             try:
-                f.add(namespace, index, amount)
-                return
-            except (OSError, ValueError):  # the mapping could not grow (disk full): memory from here on
-                pass
+                if f.add(namespace, index, amount):
+                    return
+            except (OSError, ValueError) as exc:  # the file could not grow (disk full): memory from here on
+                _degraded(exc)
         _memory[namespace][field] += amount
+
+
+def _degraded(exc: BaseException) -> None:
+    """Say once per process that counts stay in memory because the volume is full (with the lock held)."""
+    global _warned_full
+    if isinstance(exc, OSError) and exc.errno in _FULL and not _warned_full:
+        _warned_full = True
+        log.warning("statistics kept in memory: %s is full (%s)", _root, exc.strerror or exc)
+    else:
+        log.debug("statistics kept in memory: %s", exc)
 
 
 def ensure_file() -> bool:
@@ -212,7 +271,7 @@ def ensure_file() -> bool:
 
 
 def snapshot() -> dict[str, dict[str, float]]:
-    """This process's counters, not yet summed with anyone's."""
+    """This process's counters not yet summed with anyone's (nor written to a memory file)."""
     with _lock:
         out = {ns: dict(c) for ns, c in _memory.items()}
         if _file is not None and _file.map is not None:
@@ -226,17 +285,22 @@ def snapshot() -> dict[str, dict[str, float]]:
 def flush() -> None:
     """Make this process's counts readable by others now.
 
-    A mapped file needs nothing (its pages are the file's); counts held in memory (a root that
-    cannot map files) are written to a file of their own, atomically.
+    A mapped file needs nothing (its pages are the file's). Counts held in memory (a root that
+    cannot map files, a full volume) move to a file of their own, written atomically under a
+    name used once: a fold that absorbs it can never meet a later version of it.
     """
     with _lock:
         if _root is None or not _memory:
             return
-        if _file is None and not _file_failed and _open() is not None:
-            return  # the counts moved into the new file
-        data = msgpack.packb({"host": socket.gethostname(), "pid": os.getpid(), "counts": {ns: dict(c) for ns, c in _memory.items()}})
+        if _file is None and not _file_failed:
+            _open()  # moves what fits into the new file
+        if not _memory:
+            return
+        counts = {ns: dict(c) for ns, c in _memory.items()}
+        _memory.clear()
         folder = _root / _DIR
-        name = f"{socket.gethostname()}-{os.getpid()}-memory{_LEGACY_SUFFIX}"
+        name = f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}-memory{_LEGACY_SUFFIX}"
+    data = msgpack.packb({"host": socket.gethostname(), "pid": os.getpid(), "counts": counts})
     tmp = folder / f".tmp.{name}.{os.urandom(4).hex()}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -245,6 +309,10 @@ def flush() -> None:
     except OSError:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        with _lock:  # not written: they stay ours, for the next flush
+            for ns, c in counts.items():
+                for f, v in c.items():
+                    _memory[ns][f] += v
 
 
 atexit.register(flush)
@@ -303,18 +371,39 @@ def _parse(raw: bytes) -> dict[str, dict[str, float]]:
     return out
 
 
-def _read(path: Path) -> dict[str, dict[str, float]]:
+#: What a file holds: its counts and, for a compacted file, the names of the files whose counts
+#: it already holds (they count as nothing while it exists).
+_Loaded = tuple[dict[str, dict[str, float]], frozenset[str]]
+
+
+def _load(path: Path) -> _Loaded | None:
+    """``path``'s counts and absorbed names; None if it vanished (a fold or zero removed it).
+
+    A damaged or foreign file counts as nothing. Only ``compacted-*`` files absorb others.
+    """
     try:
         raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
     except OSError:
-        return {}
+        return {}, frozenset()
     if path.name.endswith(_SUFFIX):
-        return _parse(raw)
-    try:  # the msgpack format: compacted files, and files of earlier versions
-        counts = msgpack.unpackb(raw, raw=False)["counts"]
-        return {str(ns): {str(f): float(v) for f, v in c.items() if f in FIELDS} for ns, c in counts.items()}
+        return _parse(raw), frozenset()
+    try:  # the msgpack format: compacted files, memory files, and files of earlier versions
+        doc = msgpack.unpackb(raw, raw=False)
+        counts = {str(ns): {str(f): float(v) for f, v in c.items() if f in FIELDS} for ns, c in doc["counts"].items()}
     except Exception:  # a foreign or damaged file counts as nothing
-        return {}
+        return {}, frozenset()
+    absorbed = doc.get("absorbed") if path.name.startswith(_COMPACTED) else None
+    if not isinstance(absorbed, list):
+        return counts, frozenset()
+    return counts, frozenset(n for n in absorbed if isinstance(n, str) and n != path.name)
+
+
+def _read(path: Path) -> dict[str, dict[str, float]]:
+    """``path``'s own counts (what it absorbed aside); nothing if unreadable."""
+    loaded = _load(path)
+    return loaded[0] if loaded is not None else {}
 
 
 def _files(folder: Path) -> list[Path]:
@@ -346,9 +435,12 @@ def _gone(path: Path) -> int | None:
 def fold(root: Path) -> int:
     """Merge the files of finished processes (and earlier folds) into one; returns how many went.
 
-    The merged file is written before the originals are removed: a reader at that instant may
-    count them twice, never lose them. One folder at a time (a lock in ``stats/``); a second
-    caller returns 0 at once.
+    Crash-safe at every step: the merged ``compacted-*`` file names every file whose counts it
+    holds (``absorbed``) and is published by one rename; from that instant readers count those
+    files as nothing, before and after they are removed. A fold killed after publishing leaves
+    files that count as nothing and that the next fold removes without adding them again (on
+    the old scheme 40 hits became 80, for good); one killed before publishing changed nothing
+    that is read. One folder at a time (a lock in ``stats/``); a second caller returns 0 at once.
     """
     folder = Path(root) / _DIR
     try:
@@ -361,20 +453,23 @@ def fold(root: Path) -> int:
             fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return 0
-        held = [(path, fd) for path, fd in _liveness(folder) if fd is not None]
+        _sweep_unpublished(folder)
+        listing = _liveness(folder)
+        present = {path.name for path, _fd in listing}
+        held = [(path, fd) for path, fd in listing if fd is not None]
         if len(held) < 2 and not any(not p.name.startswith(_COMPACTED) for p, _fd in held):
             return 0
-        merged = _sum(path for path, _fd in held)
+        loaded = {path: _load(path) or ({}, frozenset()) for path, _fd in held}
+        # Names whose counts a compacted file already holds: carried into the new file's list
+        # while they exist (a fold killed before removing them), never added again.
+        already = frozenset().union(*(absorbed for _counts, absorbed in loaded.values())) & present
+        merged = _add_up(counts for path, (counts, _a) in loaded.items() if path.name not in already)
+        absorbed = sorted({path.name for path, _fd in held} | already)
         name = f"{_COMPACTED}{socket.gethostname()}-{os.getpid()}-{time.time_ns()}{_LEGACY_SUFFIX}"
-        tmp = folder / f".tmp.{name}"
-        try:
-            tmp.write_bytes(msgpack.packb({"host": "compacted", "pid": 0, "counts": merged}))
-            os.replace(tmp, folder / name)
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+        body = msgpack.packb({"host": "compacted", "pid": 0, "counts": merged, "absorbed": absorbed})
+        if not _publish(folder, name, body):
             return 0
-        for path, _fd in held:
+        for path, _fd in held:  # each already counts as nothing: any order, any interruption
             with contextlib.suppress(OSError):
                 path.unlink()
         return len(held)
@@ -384,19 +479,68 @@ def fold(root: Path) -> int:
         os.close(guard)
 
 
+_UNPUBLISHED = f".tmp.{_COMPACTED}"
+
+
+def _publish(folder: Path, name: str, body: bytes) -> bool:
+    """Write ``body`` as ``folder/name`` in one rename, its bytes on disk first (False: not written)."""
+    tmp = folder / f"{_UNPUBLISHED}{name[len(_COMPACTED):]}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            view = memoryview(body)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)  # a rename that reaches the disk before the bytes would publish an empty fold
+        finally:
+            os.close(fd)
+        os.replace(tmp, folder / name)
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return False
+
+
+def _sweep_unpublished(folder: Path) -> None:
+    """Remove what folds killed before publishing left (called with the fold lock held)."""
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(_UNPUBLISHED)]
+    except OSError:
+        return
+    for n in names:
+        with contextlib.suppress(OSError):
+            os.unlink(folder / n)
+
+
 def aggregate(root: Path, *, compact: bool = False) -> dict[str, dict[str, float]]:
     """namespace -> field -> total over every process that used ``root`` (this one included)."""
     flush()
     if compact:
         fold(root)
-    return _sum(_files(Path(root) / _DIR))
+    return _total(Path(root) / _DIR)
 
 
-def _sum(paths: Iterable[Path]) -> dict[str, dict[str, float]]:
+def _total(folder: Path, *, retries: int = 8) -> dict[str, dict[str, float]]:
+    """The sum of ``folder``'s files, counting nothing that a compacted file there already holds.
+
+    A file that vanished between listing and reading (a fold published and removed it) makes
+    the sum list the folder again, so a fold running meanwhile is not seen half-way.
+    """
+    for attempt in range(retries + 1):
+        loaded = {path: _load(path) for path in _files(folder)}
+        absorbed = frozenset().union(*(got[1] for got in loaded.values() if got is not None))
+        if attempt < retries and any(got is None and p.name not in absorbed for p, got in loaded.items()):
+            continue
+        return _add_up(got[0] for p, got in loaded.items() if got is not None and p.name not in absorbed)
+    return {}
+
+
+def _add_up(parts: Iterable[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
     total: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for path in paths:
-        for ns, counts in _read(path).items():
-            for f, v in counts.items():
+    for counts in parts:
+        for ns, fields in counts.items():
+            for f, v in fields.items():
                 total[ns][f] += v
     return {ns: dict(c) for ns, c in total.items()}
 
@@ -429,7 +573,8 @@ def zero(root: Path) -> None:
     with _lock:
         if _root is not None and Path(_root) == Path(root):
             _memory.clear()
-    for path, fd in _liveness(folder):
+    # Compacted files go last: until then, what they absorbed (a fold killed half-way) counts as nothing.
+    for path, fd in sorted(_liveness(folder), key=lambda got: got[0].name.startswith(_COMPACTED)):
         if fd is not None:
             os.close(fd)
             with contextlib.suppress(OSError):
