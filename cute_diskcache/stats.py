@@ -136,9 +136,10 @@ class _Mapped:
         size = _HEADER.size + nslots * _slot_size(len(FIELDS))
         _allocate(self.fd, os.fstat(self.fd).st_size, size)
         os.pwrite(self.fd, _HEADER.pack(_MAGIC, len(FIELDS), nslots), 0)
-        if self.map is not None:
+        grown = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        if self.map is not None:  # closed only once the new one exists: a failure keeps the slots we have
             self.map.close()
-        self.map = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.map = grown
         self.nslots = nslots
 
     def add(self, namespace: str, index: int, amount: float) -> bool:

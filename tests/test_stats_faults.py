@@ -8,6 +8,8 @@ pytest down with it.
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import subprocess
 import sys
@@ -84,6 +86,57 @@ def test_a_volume_with_room_keeps_every_count_in_the_file(tmp_path: Path) -> Non
     assert os.stat(only).st_blocks * 512 >= os.stat(only).st_size, "allocated, not sparse"
     agg = stats.aggregate(tmp_path)
     assert len(agg) == 200 and stats.totals(agg)["hits"] == 200
+
+
+def test_without_fallocate_written_zeros_allocate_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filesystem without fallocate (EOPNOTSUPP: some FUSE volumes) gets its blocks by writes."""
+    def unsupported(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(os, "posix_fallocate", unsupported)
+    path = tmp_path / "h-1-1.stats"
+    m = stats._Mapped(path)
+    try:
+        for i in range(20):  # 8 -> 16 -> 32 slots: the last page is never touched by a count
+            assert m.add(f"ns-{i}", stats._INDEX["hits"], 1)
+        st = os.stat(path)
+        assert st.st_blocks * 512 >= st.st_size, "every page has its blocks before it is mapped"
+    finally:
+        m.close()
+    assert len(stats._read(path)) == 20
+
+
+def test_a_full_volume_is_one_warning_and_counts_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without a mount: the volume fills after the file's first page (ENOSPC from the allocation)."""
+    real = os.posix_fallocate
+    calls = {"n": 0}
+
+    def fills(fd: int, offset: int, length: int) -> None:
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", fills)
+    monkeypatch.setattr(stats, "_warned_full", False, raising=False)
+    stats.reset_for_tests()
+    stats.bind(tmp_path)
+    try:
+        with caplog.at_level(logging.WARNING, logger="cute_diskcache"):
+            for i in range(30):
+                stats.record(f"ns-{i}", "hits")
+                stats.record(f"ns-{i}", "hits")
+        assert stats.totals(stats.snapshot())["hits"] == 60
+        warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert warned == [f"statistics kept in memory: {tmp_path} is full (No space left on device)"]
+        assert calls["n"] == 2, "no allocation is retried per count once the volume said it is full"
+        stats.flush()  # the volume has room again: memory counts go to a file of their own
+        assert stats.totals(stats.aggregate(tmp_path))["hits"] == 60
+    finally:
+        stats.bind(None)
+        stats.reset_for_tests()
 
 
 # -- a fold killed at each step (item 8) --------------------------------------------------------
