@@ -255,7 +255,10 @@ def parse_size(text: str) -> int:
     if not m:
         raise ValueError(f"not a size: {text!r} (examples: 500M, 5G, 2GiB, 1048576)")
     number, unit = m.group(1), (m.group(2) or "").upper()
-    return int(float(number) * _UNITS[unit])
+    value = float(number) * _UNITS[unit]
+    if not math.isfinite(value):  # 400 digits are inf as a float: int() would raise OverflowError
+        raise ValueError(f"not a size: {text!r} (too large)")
+    return int(value)
 
 
 def format_size(n: float) -> str:
@@ -274,9 +277,7 @@ def max_size() -> int:
     try:
         return parse_size(raw)
     except ValueError:
-        import logging
-
-        logging.getLogger("cute_diskcache").warning("ignoring %s=%r (not a size); using %s", name, raw, DEFAULT_MAX_SIZE)
+        _warn_once(name, raw, "ignoring %s=%r (not a size); using %s", name, raw, DEFAULT_MAX_SIZE)
         return parse_size(DEFAULT_MAX_SIZE)
 
 
@@ -300,15 +301,34 @@ def text(field: str) -> str | None:
     return (os.environ.get(env_name(field)) or "").strip() or None
 
 
+def _expanded(name: str) -> Path | None:
+    """A directory variable with ``~`` expanded; None (next rule, one warning) when it cannot be.
+
+    ``~someone`` for a user this host does not know makes ``expanduser`` raise RuntimeError,
+    which must not turn the cache off from inside :func:`load`.
+    """
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    try:
+        return Path(raw).expanduser()
+    except RuntimeError:
+        _warn_once(name, raw, "ignoring %s=%r (cannot expand ~: no such user or home directory)", name, raw)
+        return None
+
+
 def resolve_root() -> tuple[Path, str]:
     """Return the cache root and which rule chose it (shown by ``cute-diskcache stats``)."""
-    explicit = os.environ.get("CUTE_DISKCACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser(), "CUTE_DISKCACHE_DIR"
-    ws = os.environ.get("FLASHINFER_WORKSPACE_DIR")
-    if ws:
-        return Path(ws).expanduser() / "cute_diskcache", "FLASHINFER_WORKSPACE_DIR"
-    fi_cache = _flashinfer_cache_dir()
+    explicit = _expanded("CUTE_DISKCACHE_DIR")
+    if explicit is not None:
+        return explicit, "CUTE_DISKCACHE_DIR"
+    ws = _expanded("FLASHINFER_WORKSPACE_DIR")
+    if ws is not None:
+        return ws / "cute_diskcache", "FLASHINFER_WORKSPACE_DIR"
+    try:
+        fi_cache = _flashinfer_cache_dir()
+    except RuntimeError:  # no home directory (an arbitrary uid without HOME nor a passwd entry)
+        fi_cache = None
     if fi_cache is not None:
         return fi_cache / "cute_diskcache", "flashinfer cache dir"
     import platformdirs

@@ -130,3 +130,47 @@ def test_a_badly_signed_entry_is_a_miss_that_stays_as_documented(tmp_path: Path,
     assert store.rejected == 1
     assert not store.quarantine_dir.exists(), "nothing is quarantined"
     assert {p.name: p.read_bytes() for p in path.iterdir()} == before, "the entry stays, byte for byte"
+
+
+_JUNK = {
+    "not-utf8": os.fsdecode(b"\xff\xfe\x80junk"),
+    "inf": "inf",
+    "1e999": "1e999",
+    "400-digits": "9" * 400,
+    "unknown-user-home": "~no-such-user-here/cache",
+    "blank": "   ",
+}
+
+
+#: The settings of issue 21's review (a setting added later gets its own junk test with its reader).
+_FIELDS_CHECKED = (
+    "enabled", "root", "target", "readonly", "single_flight", "lock_timeout", "trust_shared", "hmac_key", "remote",
+    "remote_unsigned", "remote_readonly", "remote_timeout", "remote_prefix", "remote_cooldown", "max_size",
+    "target_force", "shared_objects", "native_sites",
+)
+
+
+@pytest.mark.parametrize("junk", sorted(_JUNK))
+def test_load_never_raises_whatever_a_variable_holds(monkeypatch: pytest.MonkeyPatch, junk: str) -> None:
+    """Every variable of the review's settings (and the root's fallback) set to junk at once: load answers.
+
+    Measured on the old code: a non-UTF-8 key raised UnicodeEncodeError, 400 digits in
+    CUTE_DISKCACHE_MAX_SIZE OverflowError, ``~no-such-user`` in CUTE_DISKCACHE_DIR RuntimeError.
+    """
+    for field in _FIELDS_CHECKED:
+        monkeypatch.setenv(config.env_name(field), _JUNK[junk])
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_DIR", _JUNK[junk])
+    settings = config.load()
+    for field, _default in SECONDS.values():
+        value = getattr(settings, field)
+        assert math.isfinite(value) and 0 <= value <= 86400.0
+    assert settings.max_size >= 0 and isinstance(settings.root, Path)
+    assert not str(settings.root).startswith("~"), "an unexpandable home is not a directory named ~user"
+
+
+def test_junk_size_keeps_the_default(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("CUTE_DISKCACHE_MAX_SIZE", "9" * 400)
+    with caplog.at_level(logging.WARNING, logger="cute_diskcache"):
+        assert config.load().max_size == 5 * 10**9
+        assert config.load().max_size == 5 * 10**9
+    assert len(_warnings(caplog)) == 1
