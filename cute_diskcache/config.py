@@ -40,6 +40,8 @@ class Settings:
     single_flight: bool = True
     lock_timeout: float = 300.0
     trust_shared: bool = False
+    trust_group: int | None = None  # a gid whose members may write the root (CUTE_DISKCACHE_TRUST_GROUP)
+    read_dirs: tuple[Path, ...] = ()  # read-only roots looked up after ``root`` (CUTE_DISKCACHE_READ_DIRS)
     hmac_key: bytes | None = dataclasses.field(default=None, repr=False)  # a secret: never in a repr or log
     remote: str | None = dataclasses.field(default=None, repr=False)  # a URL may carry a password
     remote_readonly: bool = False
@@ -90,7 +92,24 @@ SETTINGS_DOC: dict[str, tuple[str, str, str]] = {
         "CUTE_DISKCACHE_TRUST_SHARED",
         "0",
         "1 uses a root (or v1/, locks/) that another user owns or that group/others can write. Without it such a "
-        "root is refused with one log line: nothing is read from it or written to it.",
+        "root is refused with one log line: nothing is read from it or written to it. A root owned by root that this "
+        "uid cannot write (an image baked by docker build) needs no setting: it is served read-only.",
+    ),
+    "trust_group": (
+        "CUTE_DISKCACHE_TRUST_GROUP",
+        "unset",
+        "A group (gid or name) whose members are trusted writers, narrower than TRUST_SHARED: a level that group may "
+        "write, or that it owns, is used; one others may write, or another group, is still refused. For a Kubernetes "
+        "fsGroup volume (group-owned, setgid, mode 2775): set it to the fsGroup. Directories we create get that group "
+        "and mode 2775.",
+    ),
+    "read_dirs": (
+        "CUTE_DISKCACHE_READ_DIRS",
+        "unset",
+        "Colon-separated read-only cache roots looked up after CUTE_DISKCACHE_DIR, in order (as XDG_DATA_DIRS after "
+        "XDG_DATA_HOME): an image-baked cache under a writable volume. A hit is loaded from the layer that has it; "
+        "new entries go to CUTE_DISKCACHE_DIR; a layer is never written or quarantined. stats/list/verify see "
+        "CUTE_DISKCACHE_DIR only.",
     ),
     "hmac_key": (
         "CUTE_DISKCACHE_HMAC_KEY",
@@ -336,6 +355,37 @@ def resolve_root() -> tuple[Path, str]:
     return Path(platformdirs.user_cache_dir("cute-diskcache", appauthor=False)), "user cache dir"
 
 
+def trust_group() -> int | None:
+    """``CUTE_DISKCACHE_TRUST_GROUP`` as a gid: a number, or a group name this host knows; anything
+    else trusts no group, with a warning (never a wider trust than asked for)."""
+    raw = text("trust_group")
+    if raw is None:
+        return None
+    if raw.isdigit():
+        return int(raw)
+    try:
+        import grp
+
+        return grp.getgrnam(raw).gr_gid
+    except (KeyError, ImportError):
+        import logging
+
+        logging.getLogger("cute_diskcache").warning("ignoring %s=%r (no such group here; give the gid); no group is trusted",
+                                                    env_name("trust_group"), raw)
+        return None
+
+
+def read_dirs(root: Path) -> tuple[Path, ...]:
+    """``CUTE_DISKCACHE_READ_DIRS``: the read-only layers, in order, without blanks, repeats or ``root`` itself."""
+    out: list[Path] = []
+    for part in (os.environ.get(env_name("read_dirs")) or "").split(os.pathsep):
+        if part.strip():
+            path = Path(part.strip()).expanduser()
+            if path != root and path not in out:
+                out.append(path)
+    return tuple(out)
+
+
 def load() -> Settings:
     """Read the environment now."""
     root, source = resolve_root()
@@ -348,6 +398,8 @@ def load() -> Settings:
         single_flight=flag("single_flight"),
         lock_timeout=_float_env("CUTE_DISKCACHE_LOCK_TIMEOUT", 300.0),
         trust_shared=flag("trust_shared"),
+        trust_group=trust_group(),
+        read_dirs=read_dirs(root),
         hmac_key=_hmac_key(),
         remote=os.environ.get("CUTE_DISKCACHE_REMOTE", "").strip() or None,
         remote_readonly=flag("remote_readonly"),

@@ -9,7 +9,19 @@ read side is a miss. Nothing here raises into the caller's compile path.
 
 Trust (see :mod:`.trust`): the root is checked at first use (one log line when refused); every
 lookup then checks each level from the root to the entry (owner, mode, links) and every file it
-reads, and every level a commit creates gets an explicit mode.
+reads, and every level a commit creates gets an explicit mode. A root that root (or a trusted
+group's member) owns and this uid cannot write is trusted and read-only: one INFO line at
+first use, hits served, misses compiled in memory.
+
+Layers (``CUTE_DISKCACHE_READ_DIRS``): read-only roots looked up after this one, in order, the
+way ``XDG_DATA_DIRS`` is searched after ``XDG_DATA_HOME`` and overlayfs reads its lower layers
+under the upper: an image-baked cache under a volume or node-local root that takes the new
+entries. A hit from a layer is loaded from there, not copied up: reading it costs what reading
+our own copy would (the same verify, the same page cache), a copy would double the disk a baked
+cache takes on every node's volume and make a hit write, and on a full or read-only volume it
+could not be made anyway. A layer is never written, locked or quarantined (a damaged entry there
+is a miss with one warning). ``stats``, ``list``, ``verify`` and eviction see the writable root
+only.
 
 Quarantine is for entries that are damaged (:data:`.entry.CORRUPT`); an entry that is sound
 but not for this process (another CPU, device or signing key) is a miss and stays.
@@ -25,7 +37,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from . import entry, eviction, housekeeping, layout, locking, stats, trust
 from .key import CacheKey
@@ -41,7 +53,7 @@ _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class Store:
-    """One cache root."""
+    """One cache root, and the read-only layers looked up after it (``read_dirs``)."""
 
     def __init__(
         self,
@@ -50,17 +62,27 @@ class Store:
         readonly: bool = False,
         trust_shared: bool = False,
         hmac_key: bytes | None = None,
+        trust_group: int | None = None,
+        read_dirs: Sequence[Path] = (),
     ) -> None:
         self.root = Path(root)
         self.readonly = readonly
         self.trust_shared = trust_shared
+        self.trust_group = trust_group
         self.hmac_key = hmac_key or None
-        # Whose files and directories we accept: ours alone, unless the operator trusts a group.
-        self.owner: int | None = None if trust_shared else os.geteuid()
+        # Whose files and directories we accept: ours and root's, plus a trusted group's members,
+        # or anyone's when the operator trusts everyone who can write the root.
+        self.owner: int | None = None if trust_shared else trust.Owner(os.geteuid(), trust_group)
+        self.layers: tuple[Store, ...] = tuple(
+            Store(Path(d), readonly=True, trust_shared=trust_shared, hmac_key=hmac_key, trust_group=trust_group)
+            for d in read_dirs
+            if Path(d) != self.root
+        )
         self._write_disabled_reason: str | None = None
         self._refusal: str | None = None  # why the root is not trusted, once checked
         self._trust_checked = False
         self._root_probed = False
+        self._foreign_owner: int | None = None  # who owns the root we trust but cannot write, until said once
         self._reported: set[tuple[str, str]] = set()  # (path, reason) already warned about
         self.rejected = 0  # entries found but refused by a check, this process
         self._lock = threading.Lock()
@@ -76,7 +98,7 @@ class Store:
 
     @property
     def trusted(self) -> bool:
-        """Whether only this user can write the root (or the operator trusts who else can).
+        """Whether only this user and root can write the root (or the operator trusts who else can).
 
         Checked once, at first use; a refusal is logged once, with the reason. Each lookup also
         checks every level down to its entry (:func:`.trust.first_untrusted`).
@@ -86,18 +108,36 @@ class Store:
         return self._refusal is None
 
     def _check_trust(self) -> None:
-        why = None if self.trust_shared else trust.root_refusal(self.root, subdirs=(LAYOUT, locking.LOCKS_DIR))
+        bad = None if self.trust_shared else trust.refused_level(self.root, subdirs=(LAYOUT, locking.LOCKS_DIR), group=self.trust_group)
+        foreign = None if bad is not None or self.readonly else _foreign_read_only(self.root)
         with self._lock:
             if self._trust_checked:
                 return
-            self._refusal = why
+            self._refusal = bad[1] if bad is not None else None
+            if foreign is not None and self._write_disabled_reason is None:
+                self._write_disabled_reason = "read-only for this uid"
+                self._foreign_owner = foreign
             self._trust_checked = True
-        if why is not None:
+        if bad is not None:
             log.warning(
                 "cute-diskcache refuses cache root %s: %s; nothing is read from or written to it and kernels compile "
-                "in memory (set CUTE_DISKCACHE_TRUST_SHARED=1 if everyone who can write it is trusted)",
+                "in memory (%s)",
                 self.root,
-                why,
+                bad[1],
+                trust.remedy(bad[0], self.trust_group),
+            )
+
+    def _say_foreign_read_only(self) -> None:
+        """The one line for a root baked by someone else that we cannot write, at the first miss:
+        when it matters (the compile stays in memory), and after the attach line set up logging."""
+        with self._lock:
+            owner, self._foreign_owner = self._foreign_owner, None
+        if owner is not None:
+            log.info(
+                "cache root %s is owned by %s and read-only for uid %d: serving its entries, new kernels stay in memory",
+                self.root,
+                "root" if owner == 0 else f"uid {owner}",
+                os.geteuid(),
             )
 
     @property
@@ -113,6 +153,8 @@ class Store:
         hits a read-only cache must not warn.
         """
         if not self.writable:
+            if self._foreign_owner is not None:
+                self._say_foreign_read_only()
             return False
         if not self._root_probed:
             self._root_probed = True
@@ -134,7 +176,22 @@ class Store:
         """The root and ``v1/``, with our mode. Every commit asks again (two ``mkdir``s that find
         the directory there): a root deleted under a running engine is remade private, not with
         the umask's mode that would make every later process refuse it."""
-        trust.make_dirs(self.root, self.root / LAYOUT, shared=self.trust_shared)
+        self._make_dirs(self.root / LAYOUT)
+
+    @property
+    def _bookkeeping_shared(self) -> bool:
+        """Whether the size counter, lock files and their directories are made for others to
+        update too: under ``TRUST_SHARED``, and under a trusted group (other members' processes
+        commit into the same root). Their modes then follow the umask (0666/0777 less it): a pod
+        sharing a volume with other uids runs with umask 002; under 022 the other uids compile
+        without the lock and keep the size cap by walking, with one warning. Nothing is ever
+        loaded from these files, so their modes are no trust question."""
+        return self.trust_shared or self.trust_group is not None
+
+    def _make_dirs(self, path: Path) -> None:
+        """:func:`.trust.make_dirs` down to ``path`` with this root's modes (the group only when one is
+        trusted: the plain form stays the one every other caller uses)."""
+        trust.make_dirs(self.root, path, shared=self.trust_shared, **({"group": self.trust_group} if self.trust_group is not None else {}))
 
     def _warn_once(self, path: Path, reason: str, message: str, *args: Any) -> bool:
         """Log ``message`` once per (path, reason) in this process; True the first time."""
@@ -159,9 +216,19 @@ class Store:
         process (host CPU, device facts, signature) is a miss and stays. A payload that vanishes
         between reading the manifest and reading the payload is a writer or an eviction at work:
         read again once, and never quarantine what may by then be someone's fresh entry.
+
+        Then each read-only layer, in order, when this root has no usable entry.
         """
-        if not self.trusted:
-            return None
+        found = self._lookup(key, load) if self.trusted else None
+        if found is None and self.layers:
+            for layer in self.layers:
+                found = layer.lookup_or_quarantine(key, load=load)
+                if found is not None:
+                    return found
+        return found
+
+    def _lookup(self, key: CacheKey, load: bool) -> Found | None:
+        """:meth:`lookup_or_quarantine` in this root alone."""
         path = self.entry_dir(key)
         bad = trust.first_untrusted(self.root, path, owner=self.owner)
         if bad is not None:
@@ -211,14 +278,16 @@ class Store:
         ``expect``: the manifest's identity when the entry was judged; if it changed since (a
         writer replaced it), the path now holds someone else's entry and is left alone.
         """
-        log.warning("cache entry %s rejected (%s); recompiling", path.name, exc)
         self.rejected += 1
         stats.record(path.parent.parent.name, "quarantined")
-        if not self.writable:
+        if not self.writable:  # a read-only root or layer: the entry stays, so say so once, not at every lookup
+            self._warn_once(path, exc.reason, "cache entry %s under read-only %s rejected (%s); a miss, the entry stays",
+                            path.name, self.root, exc)
             return
+        log.warning("cache entry %s rejected (%s); recompiling", path.name, exc)
         dest = self.quarantine_dir / f"{time.strftime('%Y%m%dT%H%M%S')}-{exc.reason}-{path.name}-{os.urandom(3).hex()}"
         try:
-            trust.make_dirs(self.root, self.quarantine_dir, shared=self.trust_shared)
+            self._make_dirs(self.quarantine_dir)
             if expect is not None and _manifest_stat(path) != expect:
                 return
             os.replace(path, dest)  # a link moves as a link: its target is never touched
@@ -287,7 +356,7 @@ class Store:
                         self.rejected += 1
                     return None  # never write through a link
                 self._make_layout()
-                trust.make_dirs(self.root, path, shared=self.trust_shared)
+                self._make_dirs(path)
                 before = layout.entry_bytes(path)
                 # hmac_key only when set: entry.write's three-argument form stays the plain one.
                 manifest = entry.write(path, key, art, **({"hmac_key": self.hmac_key} if self.hmac_key else {}))
@@ -304,7 +373,7 @@ class Store:
             break
         added = layout.entry_bytes(path) - before
         try:
-            eviction.note_commit(self.root, added, entry_dir=path, shared=self.trust_shared)
+            eviction.note_commit(self.root, added, entry_dir=path, shared=self._bookkeeping_shared)
         except OSError as exc:  # a cap we cannot enforce never costs the kernel just written
             log.warning("size cap not enforced: %s", exc)
         return manifest
@@ -323,7 +392,7 @@ class Store:
         staged there moves into ``v1/`` with one rename. The caller removes it (housekeeping
         takes what a killed process left, after an hour)."""
         base = self.root / layout.TMP_DIR
-        trust.make_dirs(self.root, base, shared=self.trust_shared)
+        self._make_dirs(base)
         path = base / f"{purpose}-{_host()}-{os.getpid()}-{os.urandom(4).hex()}"
         path.mkdir(mode=0o700)
         return path
@@ -345,7 +414,7 @@ class Store:
         if not self.writable:
             return
         try:
-            housekeeping.maintain(self.root, shared=self.trust_shared)
+            housekeeping.maintain(self.root, shared=self._bookkeeping_shared)
         except Exception as exc:  # bookkeeping must never cost a kernel
             log.debug("maintenance of %s skipped: %s", self.root, exc)
 
@@ -359,7 +428,7 @@ class Store:
             yield locking.Flight(False, "off")
             return
         with locking.single_flight(
-            self.root, key.digest, timeout=timeout, label=f"{key.site} {key.digest[:12]}", shared=self.trust_shared
+            self.root, key.digest, timeout=timeout, label=f"{key.site} {key.digest[:12]}", shared=self._bookkeeping_shared
         ) as flight:
             yield flight
 
@@ -404,6 +473,21 @@ def _role_to_load(manifest: dict[str, Any]) -> str:
         if loader.shared_supported():
             return "shared"
     return "object"
+
+
+def _foreign_read_only(root: Path) -> int | None:
+    """The owner of the root (or its ``v1/``) when someone else owns it and this uid cannot write
+    it (a cache baked as root, served as a user), else None. Trust is decided before: here only
+    whether to write."""
+    euid = os.geteuid()
+    for path in (root, root / LAYOUT):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if st.st_uid != euid and not os.access(path, os.W_OK | os.X_OK, effective_ids=True):
+            return st.st_uid
+    return None
 
 
 def _manifest_stat(entry_dir: Path) -> tuple[int, int, int] | None:

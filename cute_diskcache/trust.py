@@ -2,14 +2,21 @@
 
 Three defences, each a refusal that costs a compile, never a request:
 
-* **Who can write the root, and every level below it.** A root (or its ``v1/``) that another
-  user owns, or that group or others may write, lets them plant an object we would load:
-  refused unless the operator says every such writer is trusted
-  (``CUTE_DISKCACHE_TRUST_SHARED=1``). A sticky bit does not help: it stops others deleting our
-  files, not adding their own. The same holds one level down, so a lookup checks owner and mode
-  of every directory from the root to the entry and of every file it reads
-  (:func:`first_untrusted`, :func:`file_refusal`), and every level we create gets an explicit
-  mode whatever the umask (:func:`make_dirs`).
+* **Who can write the root, and every level below it.** The rule is OpenSSH's StrictModes: a
+  level owned by this euid *or by root*, and writable by nobody else, is trusted. Root can
+  replace anything anyway, so a tree only root can write (an image baked by ``docker build``) is
+  as safe to load from as our own; a non-root process serves it read-only. A root (or its
+  ``v1/``) that another user owns, or that group or others may write, lets them plant an object
+  we would load: refused unless the operator names who else is trusted. Two ways, narrowest
+  first: ``CUTE_DISKCACHE_TRUST_GROUP=<gid or name>`` trusts the members of one group (a
+  Kubernetes ``fsGroup`` volume: group-owned, setgid, mode 2775), so a level that group may
+  write, or that a member owns and gave that group, is trusted, while a level others may write,
+  or another group, is still refused; ``CUTE_DISKCACHE_TRUST_SHARED=1`` trusts everyone who can
+  write the root. A sticky bit does not help: it stops others deleting our files, not adding
+  their own. The same holds one level down, so a lookup checks owner and mode of every
+  directory from the root to the entry and of every file it reads (:func:`first_untrusted`,
+  :func:`file_refusal`), and every level we create gets an explicit mode whatever the umask
+  (:func:`make_dirs`).
 * **No links out of the root.** A symbolic link anywhere between the root and a payload could
   point at bytes nobody checked in: directories are checked with ``lstat`` and files are opened
   with ``O_NOFOLLOW`` (:mod:`.entry`), so a link is an :class:`~.entry.EntryError` ("link").
@@ -55,41 +62,111 @@ def _describe_mode(mode: int) -> str:
     return f"writable by {' and '.join(who)} (mode {stat.S_IMODE(mode):04o})"
 
 
-def _untrusted(path: Path, st: os.stat_result, euid: int) -> str | None:
+class Owner(int):
+    """Whose levels a lookup accepts: this euid (the int's value), root, and with ``group`` the
+    members of that one group (``CUTE_DISKCACHE_TRUST_GROUP``).
+
+    An ``int`` so that every ``owner=`` parameter down the read path (:mod:`.entry`) takes it
+    unchanged; :func:`level_refusal` reads the group from it.
+    """
+
+    group: int | None
+
+    def __new__(cls, euid: int, group: int | None = None) -> "Owner":
+        obj = super().__new__(cls, euid)
+        obj.group = group
+        return obj
+
+
+def level_refusal(name: object, st: os.stat_result, owner: int) -> str | None:
+    """Why one level (directory or file) must not be trusted by ``owner``, or None.
+
+    Who can write a level: its owner (who may ``chmod`` it), root, its group when the group
+    write bit is set, everyone when the others bit is. All of them must be trusted:
+
+    * the owner is this euid or root (OpenSSH's StrictModes), or, with a trusted group, any uid
+      when the level's group is that group: the kernel lets only root and the group's members
+      give a file that group (``chgrp``), or a setgid directory of that group whose writers a
+      lookup has already checked; we cannot list a group's members (a pod's uid is in no
+      ``/etc/passwd``), so the level's group stands for its owner's membership;
+    * never writable by others;
+    * writable by its group only when that group is the trusted one.
+    """
+    group = getattr(owner, "group", None)
+    mode = st.st_mode
+    if st.st_uid not in (int(owner), 0) and not (group is not None and st.st_gid == group):
+        also = "" if int(owner) == 0 else " or root"
+        return f"{name} is owned by uid {st.st_uid}, not by this process's uid {int(owner)}{also}"
+    if mode & stat.S_IWOTH or (mode & stat.S_IWGRP and (group is None or st.st_gid != group)):
+        return f"{name} is {_describe_mode(mode)}"
+    return None
+
+
+def remedy(path: Path, group: int | None = None) -> str:
+    """The way out a refusal names: the narrowest setting that would trust ``path``'s writers.
+
+    A level only its group can write (besides owner and root) is what a Kubernetes ``fsGroup``
+    volume looks like: ``CUTE_DISKCACHE_TRUST_GROUP`` names that group; anything else only
+    ``CUTE_DISKCACHE_TRUST_SHARED`` can accept.
+    """
+    shared = "CUTE_DISKCACHE_TRUST_SHARED=1 if everyone who can write it is trusted"
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return f"set {shared}"
+    if stat.S_ISLNK(st.st_mode) or st.st_mode & stat.S_IWOTH or st.st_gid == group:
+        return f"set {shared}"
+    if st.st_mode & stat.S_IWGRP or st.st_uid not in (os.geteuid(), 0):
+        return f"set CUTE_DISKCACHE_TRUST_GROUP={st.st_gid} if every member of group {_group_name(st.st_gid)} is trusted, or {shared}"
+    return f"set {shared}"
+
+
+def _group_name(gid: int) -> str:
+    try:
+        import grp
+
+        return f"{grp.getgrgid(gid).gr_name} ({gid})"
+    except (KeyError, ImportError):
+        return str(gid)
+
+
+def _untrusted(path: Path, st: os.stat_result, owner: int) -> str | None:
     if stat.S_ISLNK(st.st_mode):
         return f"{path} is a symbolic link"
     if not stat.S_ISDIR(st.st_mode):
         return None  # not a directory: the write side's problem (one "cannot write" warning)
-    if st.st_uid != euid:
-        return f"{path} is owned by uid {st.st_uid}, not by this process's uid {euid}"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"{path} is {_describe_mode(st.st_mode)}"
-    return None
+    return level_refusal(path, st, owner)
 
 
-def root_refusal(root: Path, *, subdirs: tuple[str, ...] = ("v1",)) -> str | None:
-    """Why ``root`` must not be used, or None when only this user can write it.
+def root_refusal(root: Path, *, subdirs: tuple[str, ...] = ("v1",), group: int | None = None) -> str | None:
+    """Why ``root`` must not be used, or None when only this user, root (and ``group``) can write it."""
+    found = refused_level(root, subdirs=subdirs, group=group)
+    return found[1] if found is not None else None
+
+
+def refused_level(root: Path, *, subdirs: tuple[str, ...] = ("v1",), group: int | None = None) -> tuple[Path, str] | None:
+    """``(level, why)`` for the first of ``root`` and its ``subdirs`` that must not be used, or None.
 
     The root itself may be reached through a link (that is the operator's own setting); the
     directories under it may not. A root that does not exist yet is fine: we create it.
     """
-    euid = os.geteuid()
+    owner = Owner(os.geteuid(), group)
     try:
         st = os.stat(root)
     except OSError:
         return None
-    why = _untrusted(root, st, euid)
+    why = _untrusted(root, st, owner)
     if why is not None:
-        return why
+        return root, why
     for name in subdirs:
         path = root / name
         try:
             st = os.lstat(path)
         except OSError:
             continue
-        why = _untrusted(path, st, euid)
+        why = _untrusted(path, st, owner)
         if why is not None:
-            return why
+            return path, why
     return None
 
 
@@ -142,15 +219,12 @@ def file_refusal(path: Path, st: os.stat_result, owner: int | None) -> str | Non
     """Why a payload or manifest file (already opened, ``fstat``-ed) must not be trusted, or None.
 
     Directory checks stop at the entry; a file inside it that another user owns, or that group
-    or others may write, could have been changed after the directory's owner wrote it.
+    or others may write, could have been changed after the directory's owner wrote it. The rule
+    is the directories' (:func:`level_refusal`): this euid, root, or the trusted group.
     """
     if owner is None:
         return None
-    if st.st_uid != owner:
-        return f"{path.name} is owned by uid {st.st_uid}, not by this process's uid {owner}"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"{path.name} is {_describe_mode(st.st_mode)}"
-    return None
+    return level_refusal(path.name, st, owner)
 
 
 def private_dir_mode(trust_shared: bool) -> int:
@@ -158,28 +232,46 @@ def private_dir_mode(trust_shared: bool) -> int:
 
     Without ``TRUST_SHARED`` never group/other-writable, whatever the umask (a umask of 002
     would otherwise make the next process refuse the root we just made); with it, the umask
-    decides, so a fleet sharing one volume through a group can write it.
+    decides, so a fleet sharing one volume through a group can write it. With a trusted group
+    see :func:`make_dirs`.
     """
     return 0o777 if trust_shared else 0o755
 
 
-def make_dirs(root: Path, path: Path, *, shared: bool) -> None:
+#: Directories we create under a trusted group: its members write them (setgid: what they
+#: create inherits the group), others never.
+GROUP_DIR_MODE = 0o2775
+
+
+def make_dirs(root: Path, path: Path, *, shared: bool, group: int | None = None) -> None:
     """Create ``root`` and every level down to ``path`` with an explicit mode (see :func:`private_dir_mode`).
 
     ``mkdir(parents=True)`` gives intermediate levels the umask's mode (0775 under a umask of
     002), which :func:`first_untrusted` then refuses, or worse, which lets a group member replace
-    an entry. Levels that already exist are checked: a link or another user's directory raises
-    ``OSError``; a directory of ours that group or others can write (made by an older version
+    an entry. Levels that already exist are checked: a link, or a directory a lookup would
+    refuse (another user's; root's and this user's are fine), raises ``OSError``; a directory of
+    ours that others can write, or a group other than the trusted one (made by an older version
     under a loose umask) is tightened, since anything another user planted in it is owned by
     them and refused file by file. With ``shared`` the umask decides and nothing is tightened.
+
+    ``group`` (``CUTE_DISKCACHE_TRUST_GROUP``): what we create gets that group and mode
+    :data:`GROUP_DIR_MODE` whatever the umask, so the other members' processes (other pods'
+    uids on one ``fsGroup`` volume) can add entries; where we cannot give it that group (we are
+    not a member) it stays private.
     """
     mode = private_dir_mode(shared)
+    if not shared and group is not None and not root.exists():
+        root.mkdir(mode=mode, parents=True, exist_ok=True)
+        _share_with(root, group)
     root.mkdir(mode=mode, parents=True, exist_ok=True)  # levels above the root are the operator's
+    owner = Owner(os.geteuid(), group)
     current = root
     for part in path.relative_to(root).parts:
         current = current / part
         try:
             os.mkdir(current, mode)
+            if not shared and group is not None:
+                _share_with(current, group)
             continue
         except FileExistsError:
             pass
@@ -191,6 +283,20 @@ def make_dirs(root: Path, path: Path, *, shared: bool) -> None:
         if shared:
             continue
         if st.st_uid != os.geteuid():
-            raise PermissionError(errno.EPERM, f"owned by uid {st.st_uid}, not by this process", str(current))
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            os.chmod(current, stat.S_IMODE(st.st_mode) & ~(stat.S_IWGRP | stat.S_IWOTH))
+            why = level_refusal(current, st, owner)
+            if why is not None:
+                raise PermissionError(errno.EPERM, why, str(current))
+            continue  # root's (or a trusted member's): trusted; whether we can write it is the write's business
+        loose = stat.S_IWOTH | (0 if group is not None and st.st_gid == group else stat.S_IWGRP)
+        if st.st_mode & loose:
+            os.chmod(current, stat.S_IMODE(st.st_mode) & ~loose)
+
+
+def _share_with(path: Path, group: int) -> None:
+    """Give a directory we just made the trusted group and :data:`GROUP_DIR_MODE`; private if we cannot."""
+    try:
+        if os.lstat(path).st_gid != group:
+            os.chown(path, -1, group)  # allowed when we are a member (or root)
+        os.chmod(path, GROUP_DIR_MODE)
+    except OSError:
+        os.chmod(path, 0o755)

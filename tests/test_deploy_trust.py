@@ -1,0 +1,318 @@
+"""Trust as deployed (issue 20, item 1): built as root, served as a user; fsGroup volumes.
+
+OpenSSH's StrictModes rule: a level owned by this euid *or by root*, writable by nobody else,
+is trusted. A cache a ``docker build`` prewarmed as root is therefore served to a non-root
+engine (read-only: hits, misses compile in memory, one INFO line), while every refusal that
+keeps out a writer we do not trust stays: another non-root user's root, a level group or
+others may write. ``CUTE_DISKCACHE_TRUST_GROUP`` trusts one named group (a Kubernetes
+``fsGroup`` volume: group-owned, setgid, 2775) and nothing wider.
+
+The store-level tests switch this (root) process's effective ids to another user's for the
+body (:func:`_nobody.as_user`): the store sees what that user's engine would, in milliseconds.
+The last tests run a real engine-like child under ``setpriv --reuid=65534`` on a cache a real
+flashinfer compile filled as root.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever pytest's import mode
+
+from _helpers import make_artifact, make_key  # noqa: E402
+from _nobody import NOBODY, as_user, can_run_as_others, prefix, public_dir  # noqa: E402
+
+from cute_diskcache import config, entry  # noqa: E402
+from cute_diskcache.key import CacheKey  # noqa: E402
+from cute_diskcache.store import Store  # noqa: E402
+
+if TYPE_CHECKING:
+    from conftest import Warm
+
+pytestmark = pytest.mark.skipif(can_run_as_others() is not None, reason=str(can_run_as_others()))
+
+OTHER = 65533  # another non-root user
+FS_GROUP = 4242  # what a pod spec's securityContext.fsGroup would say
+OTHER_GROUP = 4343
+
+
+@pytest.fixture(autouse=True)
+def fast_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
+
+
+@pytest.fixture
+def public() -> Iterator[Path]:
+    """A directory every uid can search (pytest's own tmp is 0700: nobody could reach a root in it)."""
+    d = public_dir("cdc-deploy-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def key() -> CacheKey:
+    return make_key("micro")
+
+
+@pytest.fixture
+def art() -> entry.Artifact:
+    return make_artifact()
+
+
+@pytest.fixture
+def baked(public: Path, key: CacheKey, art: entry.Artifact) -> Path:
+    """A root prewarmed by root, as a ``docker build`` leaves it: root-owned, 0755 / 0644."""
+    root = public / "baked"
+    assert Store(root).commit(key, art) is not None
+    return root
+
+
+def _records(caplog: pytest.LogCaptureFixture, level: int = logging.INFO) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "cute_diskcache" and r.levelno >= level]
+
+
+def _tree(path: Path) -> dict[str, tuple[bytes, int, int]]:
+    return {str(p.relative_to(path)): (p.read_bytes() if p.is_file() else b"", p.stat().st_uid, p.stat().st_mode) for p in sorted(path.rglob("*"))}
+
+
+# --------------------------------------------------------------------------------------------
+# Built as root, served as a user
+# --------------------------------------------------------------------------------------------
+
+
+def test_root_built_cache_is_served_read_only_to_a_non_root_uid(baked: Path, key: CacheKey, art: entry.Artifact, caplog: pytest.LogCaptureFixture) -> None:
+    """The old rule (owner must be this euid) refused it whole: every kernel compiled again."""
+    caplog.set_level(logging.INFO, logger="cute_diskcache")
+    before = _tree(baked)
+    with as_user(NOBODY):
+        store = Store(baked)
+        assert store.trusted
+        for _ in range(2):
+            found = store.lookup_or_quarantine(key, load=True)
+            assert found is not None and found[1] == art.object_bytes
+        assert not store.probe_writable() and not store.writable
+        assert store.commit(make_key("static"), art) is None
+        with store.single_flight(make_key("static")) as flight:
+            assert not flight.held
+        store.maintain()
+    assert _tree(baked) == before
+    assert store.rejected == 0
+    assert _records(caplog) == [
+        f"cache root {baked} is owned by root and read-only for uid {NOBODY}: serving its entries, new kernels stay in memory"
+    ]
+
+
+def test_hit_only_process_on_a_root_built_cache_says_nothing(baked: Path, key: CacheKey, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="cute_diskcache")
+    with as_user(NOBODY):
+        store = Store(baked)
+        assert store.lookup_or_quarantine(key) is not None and not store.writable
+    assert _records(caplog) == []
+
+
+@pytest.mark.parametrize("where", ["root", "v1", "entry", "manifest"])
+def test_another_non_root_users_level_is_still_refused(baked: Path, key: CacheKey, art: entry.Artifact, caplog: pytest.LogCaptureFixture, where: str) -> None:
+    """Root is trusted; uid 65533 is not, at any level: it could swap in an object we would load."""
+    store = Store(baked)
+    target = {"root": baked, "v1": baked / "v1", "entry": store.entry_dir(key), "manifest": store.entry_dir(key) / entry.MANIFEST}[where]
+    os.chown(target, OTHER, OTHER)
+    before = _tree(baked)
+    with as_user(NOBODY):
+        store = Store(baked)
+        for _ in range(2):
+            assert store.lookup_or_quarantine(key) is None
+        assert store.commit(make_key("static"), art) is None
+    assert _tree(baked) == before
+    warnings = _records(caplog, logging.WARNING)
+    assert len(warnings) == 1 and f"owned by uid {OTHER}, not by this process's uid {NOBODY} or root" in warnings[0], warnings
+    if where in ("root", "v1"):
+        assert "refuses cache root" in warnings[0] and "CUTE_DISKCACHE_TRUST_SHARED=1" in warnings[0]
+
+
+def test_group_or_others_writable_root_built_cache_is_refused(baked: Path, key: CacheKey, caplog: pytest.LogCaptureFixture) -> None:
+    """Owned by root is not enough: a level others can write is anyone's."""
+    (baked / "v1").chmod(0o777)
+    with as_user(NOBODY):
+        assert Store(baked).lookup_or_quarantine(key) is None
+    warnings = _records(caplog, logging.WARNING)
+    assert len(warnings) == 1 and "writable by group and others (mode 0777)" in warnings[0], warnings
+    assert "TRUST_GROUP" not in warnings[0], "others-writable: no group setting can make it safe"
+
+
+# --------------------------------------------------------------------------------------------
+# fsGroup volumes: CUTE_DISKCACHE_TRUST_GROUP
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def volume(public: Path) -> Path:
+    """What the kubelet makes of a PVC with ``fsGroup: 4242``: root:4242, setgid, 2775."""
+    vol = public / "volume"
+    vol.mkdir()
+    os.chown(vol, 0, FS_GROUP)
+    vol.chmod(0o2775)
+    return vol
+
+
+def test_fsgroup_volume_is_refused_without_the_setting_and_names_it(volume: Path, key: CacheKey, art: entry.Artifact, caplog: pytest.LogCaptureFixture) -> None:
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        store = Store(volume)
+        assert store.commit(key, art) is None and store.lookup_or_quarantine(key) is None
+    assert list(volume.iterdir()) == []
+    warnings = _records(caplog, logging.WARNING)
+    assert len(warnings) == 1, warnings
+    assert "writable by group (mode 2775)" in warnings[0] and f"CUTE_DISKCACHE_TRUST_GROUP={FS_GROUP}" in warnings[0], warnings
+
+
+def test_fsgroup_volume_is_shared_by_the_groups_uids_with_trust_group(volume: Path, key: CacheKey, art: entry.Artifact, caplog: pytest.LogCaptureFixture) -> None:
+    """Pod A (uid 65534) writes; pod B (uid 65533, same fsGroup) hits A's entry and adds its own
+    in A's directories: the levels we create are group-owned and 2775 whatever the umask; the
+    size counter and lock files follow it (docs/deploy.md: such pods run with umask 002)."""
+    old_umask = os.umask(0o002)
+    try:
+        with as_user(NOBODY, groups=[FS_GROUP]):
+            a = Store(volume, trust_group=FS_GROUP)
+            assert a.commit(key, art) is not None
+        entry_dir = a.entry_dir(key)
+        for level in (volume / "v1", entry_dir.parent.parent, entry_dir.parent, entry_dir):
+            st = level.stat()
+            assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (NOBODY, FS_GROUP, 0o2775), level
+        for f in entry_dir.iterdir():
+            assert f.stat().st_mode & 0o022 == 0, f  # entries are replaced by rename, never rewritten in place
+        with as_user(OTHER, groups=[FS_GROUP]):
+            b = Store(volume, trust_group=FS_GROUP)
+            found = b.lookup_or_quarantine(key)
+            assert found is not None and found[1] == art.object_bytes
+            assert b.commit(make_key("static"), art) is not None  # into the shard A made
+            assert b.lookup_or_quarantine(make_key("static")) is not None
+    finally:
+        os.umask(old_umask)
+    assert _records(caplog, logging.WARNING) == []
+
+
+def test_levels_made_under_trust_group_are_group_writable_whatever_the_umask(volume: Path, key: CacheKey, art: entry.Artifact) -> None:
+    old_umask = os.umask(0o077)
+    try:
+        with as_user(NOBODY, groups=[FS_GROUP]):
+            store = Store(volume / "cache", trust_group=FS_GROUP)  # the root itself made by us, too
+            assert store.commit(key, art) is not None
+    finally:
+        os.umask(old_umask)
+    d = store.entry_dir(key)
+    for level in (volume / "cache", volume / "cache" / "v1", d.parent.parent, d.parent, d):
+        assert (level.stat().st_gid, stat.S_IMODE(level.stat().st_mode)) == (FS_GROUP, 0o2775), level
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ("others", "writable by group and others (mode 2777)"),
+        ("other-group", "writable by group (mode 2775)"),
+    ],
+)
+def test_trust_group_still_refuses_others_and_other_groups(
+    volume: Path, key: CacheKey, art: entry.Artifact, caplog: pytest.LogCaptureFixture, change: str, why: str
+) -> None:
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        assert Store(volume, trust_group=FS_GROUP).commit(key, art) is not None
+    level = Store(volume).entry_dir(key).parent  # the shard
+    if change == "others":
+        level.chmod(0o2777)
+    else:
+        os.chown(level, NOBODY, OTHER_GROUP)
+        level.chmod(0o2775)
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        store = Store(volume, trust_group=FS_GROUP)
+        for _ in range(2):
+            assert store.lookup_or_quarantine(key) is None
+    warnings = _records(caplog, logging.WARNING)
+    assert len(warnings) == 1 and str(level) in warnings[0] and why in warnings[0], warnings
+
+
+def test_trust_group_setting_takes_a_gid_or_a_name(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("CUTE_DISKCACHE_TRUST_GROUP", str(FS_GROUP))
+    assert config.load().trust_group == FS_GROUP
+    monkeypatch.setenv("CUTE_DISKCACHE_TRUST_GROUP", "root")
+    assert config.load().trust_group == 0
+    monkeypatch.setenv("CUTE_DISKCACHE_TRUST_GROUP", "no-such-group-cdc")
+    assert config.load().trust_group is None, "an unknown name trusts nobody more"
+    assert any("no-such-group-cdc" in w for w in _records(caplog, logging.WARNING))
+
+
+# --------------------------------------------------------------------------------------------
+# A real engine, uid 65534, on a cache a real compile filled as root
+# --------------------------------------------------------------------------------------------
+
+#: The child's logging, set up as a serving engine sets up its own (vLLM configures its
+#: loggers; the root handler takes ours): every cute_diskcache line, debug included.
+_ENGINE_LOGGING = """
+import logging
+logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+logging.getLogger("cute_diskcache").setLevel(logging.DEBUG)
+"""
+
+@pytest.fixture
+def engine_as_nobody(public: Path, compile_hook_dir: Path) -> Callable[..., dict[str, Any]]:
+    """``run(root, *ms)``: the probe as uid 65534 (no groups), with a HOME it can write."""
+    from conftest import run_probe
+
+    hook = public / "hook"
+    hook.mkdir(mode=0o755)
+    (hook / "sitecustomize.py").write_text((compile_hook_dir / "sitecustomize.py").read_text() + _ENGINE_LOGGING)
+    stage = public / "stage"
+    stage.mkdir()
+    home = public / "home"
+    home.mkdir()
+    os.chown(home, NOBODY, NOBODY)
+
+    def run(root: Path, *ms: int, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+        return run_probe(hook, root, *ms, prefix=prefix(NOBODY, stage=stage), extra_env={"HOME": str(home), **(extra_env or {})})
+
+    return run
+
+
+def _bake(warm: Warm, public: Path) -> Path:
+    root = public / "image" / "cache"
+    shutil.copytree(warm.root, root)
+    for d in (public / "image", root):
+        d.chmod(0o755)
+    return root
+
+
+@pytest.mark.slow
+def test_uid_65534_engine_hits_a_root_prewarmed_cache_with_no_compile(
+    warm_micro_root: Warm, public: Path, engine_as_nobody: Callable[..., dict[str, Any]]
+) -> None:
+    root = _bake(warm_micro_root, public)
+    before = _tree(root)
+    report = engine_as_nobody(root, 1)
+    assert report["real_compiles"] == 0, report["stderr"]
+    assert report["counters"]["hits"] == 1 and report["counters"]["compiles"] == 0 and report["counters"]["writable"] is False
+    assert report["records"][0]["launch_error"] == warm_micro_root.cold["records"][0]["launch_error"]
+    assert "DEBUG cute_diskcache: hit " in report["stderr"], report["stderr"]
+    assert "WARNING" not in report["stderr"] and "refuses" not in report["stderr"], report["stderr"]
+    assert _tree(root) == before
+    print(report["stderr"])
+
+
+@pytest.mark.slow
+def test_uid_65534_engine_compiles_a_miss_in_memory_with_one_line(
+    warm_micro_root: Warm, public: Path, engine_as_nobody: Callable[..., dict[str, Any]]
+) -> None:
+    root = _bake(warm_micro_root, public)
+    before = _tree(root)
+    report = engine_as_nobody(root, 1, 16)  # m=16: the static kernel, not in the cache
+    assert report["real_compiles"] == 1 and report["counters"]["hits"] == 1 and report["counters"]["writes"] == 0
+    line = f"cache root {root} is owned by root and read-only for uid {NOBODY}: serving its entries, new kernels stay in memory"
+    assert report["stderr"].count(line) == 1, report["stderr"]
+    assert "cannot write" not in report["stderr"] and "refuses" not in report["stderr"], report["stderr"]
+    assert _tree(root) == before
+    print(report["stderr"])

@@ -1,0 +1,166 @@
+"""Layered roots (issue 20, item 2): an image-baked cache read-only under a writable one.
+
+``CUTE_DISKCACHE_READ_DIRS`` lists read-only roots looked up after ``CUTE_DISKCACHE_DIR``:
+lookups read the writable root first, then each layer; commits go to the writable root; a
+layer is never written, locked or quarantined (a damaged entry there is a miss with one
+warning, and stays). Synthetic entries: nothing here needs a kernel to run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever pytest's import mode
+
+from _helpers import flip_byte, make_artifact, make_key, payload_path  # noqa: E402
+from _nobody import NOBODY, as_user, can_run_as_others, public_dir  # noqa: E402
+
+from cute_diskcache import cache, config, entry  # noqa: E402
+from cute_diskcache.key import CacheKey  # noqa: E402
+from cute_diskcache.store import Store  # noqa: E402
+
+BAKED = make_artifact((b"\x44" * 48,))
+FRESH = make_artifact((b"\x55" * 48,))
+
+
+@pytest.fixture(autouse=True)
+def fast_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
+
+
+@pytest.fixture
+def public() -> Iterator[Path]:
+    d = public_dir("cdc-layers-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def key() -> CacheKey:
+    return make_key("micro")
+
+
+@pytest.fixture
+def baked(public: Path, key: CacheKey) -> Path:
+    """The image's layer: prewarmed as root, root-owned, 0755/0644."""
+    root = public / "image-cache"
+    assert Store(root).commit(key, BAKED) is not None
+    return root
+
+
+@pytest.fixture
+def volume(public: Path) -> Path:
+    """The writable root's parent, as a volume mounted for the engine's uid."""
+    vol = public / "volume"
+    vol.mkdir()
+    os.chown(vol, NOBODY, NOBODY)
+    return vol
+
+
+def _tree(path: Path) -> dict[str, tuple[bytes, float]]:
+    return {str(p.relative_to(path)): (p.read_bytes() if p.is_file() else b"", p.stat().st_mtime) for p in sorted(path.rglob("*"))}
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "cute_diskcache" and r.levelno >= logging.WARNING]
+
+
+needs_root = pytest.mark.skipif(can_run_as_others() is not None, reason=str(can_run_as_others()))
+
+
+@needs_root
+def test_hit_from_the_baked_layer_miss_written_to_the_writable_root(baked: Path, volume: Path, key: CacheKey, caplog: pytest.LogCaptureFixture) -> None:
+    """As a non-root engine would run it: the baked layer is root's, the volume is ours."""
+    before = _tree(baked)
+    other = make_key("static")
+    with as_user(NOBODY):
+        store = Store(volume / "cache", read_dirs=[baked])
+        found = store.lookup_or_quarantine(key, load=True)
+        assert found is not None and found[1] == BAKED.object_bytes, "served from the layer, in place"
+        assert store.lookup_or_quarantine(other) is None
+        assert store.commit(other, FRESH) is not None
+        found = store.lookup_or_quarantine(other)
+        assert found is not None and found[1] == FRESH.object_bytes
+        store.maintain()
+    assert _tree(baked) == before, "the layer is never written (not even an access time bump)"
+    assert store.entry_dir(other).is_dir() and not store.entry_dir(key).exists(), "a layer's hit is not copied up"
+    assert not Store(baked).entry_dir(other).exists()
+    assert _warnings(caplog) == []
+
+
+def test_writable_root_is_read_first(tmp_path: Path, key: CacheKey) -> None:
+    layer, top = tmp_path / "layer", tmp_path / "top"
+    assert Store(layer).commit(key, BAKED) is not None
+    assert Store(top).commit(key, FRESH) is not None
+    found = Store(top, read_dirs=[layer]).lookup_or_quarantine(key)
+    assert found is not None and found[1] == FRESH.object_bytes
+
+
+def test_layers_are_read_in_order(tmp_path: Path, key: CacheKey) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert Store(first).commit(key, FRESH) is not None
+    assert Store(second).commit(key, BAKED) is not None
+    found = Store(tmp_path / "top", read_dirs=[first, second]).lookup_or_quarantine(key)
+    assert found is not None and found[1] == FRESH.object_bytes
+    found = Store(tmp_path / "top", read_dirs=[second, first]).lookup_or_quarantine(key)
+    assert found is not None and found[1] == BAKED.object_bytes
+
+
+def test_damaged_entry_in_a_layer_is_a_miss_with_one_warning_and_stays(tmp_path: Path, key: CacheKey, caplog: pytest.LogCaptureFixture) -> None:
+    """A writable root would quarantine it; a layer must not be touched (an image, or someone else's volume)."""
+    layer = tmp_path / "layer"
+    assert Store(layer).commit(key, BAKED) is not None
+    d = Store(layer).entry_dir(key)
+    flip_byte(payload_path(d, entry.read_manifest(d), "object"))
+    before = _tree(layer)
+    store = Store(tmp_path / "top", read_dirs=[layer])
+    for _ in range(3):
+        assert store.lookup_or_quarantine(key) is None
+    assert _tree(layer) == before and not (layer / "quarantine").exists()
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1 and "read-only" in warnings[0] and "checksum" in warnings[0], warnings
+    assert store.commit(key, FRESH) is not None  # the compile lands in the writable root...
+    found = store.lookup_or_quarantine(key)
+    assert found is not None and found[1] == FRESH.object_bytes  # ...and shadows the bad one
+    assert _tree(layer) == before
+
+
+@needs_root
+def test_a_layer_we_do_not_trust_is_refused_and_the_writable_root_still_serves(tmp_path: Path, key: CacheKey, caplog: pytest.LogCaptureFixture) -> None:
+    layer, top = tmp_path / "layer", tmp_path / "top"
+    assert Store(layer).commit(key, BAKED) is not None
+    os.chown(layer, NOBODY, NOBODY)  # another non-root user's tree
+    store = Store(top, read_dirs=[layer])
+    assert store.lookup_or_quarantine(key) is None
+    assert store.commit(key, FRESH) is not None
+    found = store.lookup_or_quarantine(key)
+    assert found is not None and found[1] == FRESH.object_bytes
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1 and "refuses cache root" in warnings[0] and str(layer) in warnings[0], warnings
+
+
+def test_read_dirs_setting_builds_the_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    top, a, b = tmp_path / "top", tmp_path / "a", tmp_path / "b"
+    monkeypatch.setenv("CUTE_DISKCACHE_DIR", str(top))
+    monkeypatch.setenv("CUTE_DISKCACHE_READ_DIRS", f"{a}::{b}:{a}:{top}")
+    assert config.load().read_dirs == (a, b), "blanks, repeats and the writable root itself are dropped"
+    cache.reset_default_cache()
+    try:
+        store = cache.default_cache().store
+        assert store.root == top and [layer.root for layer in store.layers] == [a, b]
+        assert all(layer.readonly for layer in store.layers)
+    finally:
+        cache.reset_default_cache()
+
+
+def test_single_root_has_no_layers(tmp_path: Path, key: CacheKey) -> None:
+    store = Store(tmp_path / "top")
+    assert store.layers == ()
+    assert store.commit(key, FRESH) is not None and store.lookup_or_quarantine(key) is not None
