@@ -135,10 +135,14 @@ class CompileCache:
                     if hit is not None:
                         return hit
                 if self.remote is not None:
-                    hit = self._try_hit(key, remote=True, extra_ok=extra_ok)
-                    if hit is not None:
-                        return hit
-                result = self._compile_and_commit(key, compile_fn, extra_fn)
+                    # Fleet-wide single-flight (remote.lease): the entry, or this node's lease to compile it.
+                    with self.remote.flight(key, self.store, self.lock_timeout):
+                        hit = self._try_hit(key, remote=True, extra_ok=extra_ok)
+                        if hit is not None:
+                            return hit
+                        result = self._compile_and_commit(key, compile_fn, extra_fn)
+                else:
+                    result = self._compile_and_commit(key, compile_fn, extra_fn)
         self.store.maintain()
         return result
 

@@ -153,6 +153,12 @@ SETTINGS_DOC: dict[str, tuple[str, str, str]] = {
         "30",
         "Seconds the remote is left alone after 3 failed calls in a row; then one call probes it.",
     ),
+    "remote_lease": (
+        "CUTE_DISKCACHE_REMOTE_LEASE",
+        "1",
+        "1: a node that misses locally and on the remote takes the kernel's lease there (Redis, S3) and the other nodes "
+        "wait for its entry, so a fleet compiles each kernel once; 0: nodes that miss together each compile.",
+    ),
     "max_size": (
         "CUTE_DISKCACHE_MAX_SIZE",
         "5G",

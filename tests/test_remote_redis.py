@@ -121,7 +121,8 @@ def entry_files(root: Path) -> dict[str, bytes]:
 
 
 def remote_names(db: Any) -> list[str]:
-    return sorted(k.decode() for k in db.keys("cute-diskcache/*"))
+    """The whole entries (not their ``.hit`` values: :mod:`cute_diskcache.remote.blob`)."""
+    return sorted(k.decode() for k in db.keys("cute-diskcache/v1/*") if not k.endswith(b".hit"))
 
 
 def check_value(value: bytes, name: str, tmp: Path) -> dict[str, Any]:
@@ -226,6 +227,7 @@ def test_corrupt_remote_value_is_a_miss_and_gets_replaced(
     doc["files"][obj] = bytes(data)
     bad = msgpack.packb(doc, use_bin_type=True)
     redis_db.set(name, bad)
+    redis_db.delete(name + ".hit")  # as published before hit values existed: the whole value is what a node reads
 
     r = probe(tmp_path / "root", 1, extra_env=unsigned_node_env(redis_url))  # the pushed warm entry is unsigned
     c = r["counters"]

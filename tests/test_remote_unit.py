@@ -214,7 +214,8 @@ def test_read_through_then_local(tmp_path: Path, memory_url: str) -> None:
 
     node_b = Store(tmp_path / "b")
     found = rc.fetch(key, node_b)
-    assert found is not None and found == node_b.lookup_or_quarantine(key), "stored locally, loaded as a local entry"
+    assert found is not None and rc.flush(5)  # the whole entry is stored in the background, after the hit
+    assert found == node_b.lookup_or_quarantine(key), "stored locally, loaded as a local entry"
     assert found[1] == entry.verify(src, entry.read_manifest(src), key)
     c = rc.counters
     assert (c.remote_hits, c.remote_misses, c.remote_errors) == (1, 0, 0) and c.remote_bytes_in == c.remote_bytes_out

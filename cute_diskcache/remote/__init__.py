@@ -12,6 +12,11 @@ artifacts. We use that store; we do not build one. The local cache stays the fir
   thread; a slow or dead remote never delays a hit or a compile's result.
 * **bounded**: every remote call has a deadline, and a circuit breaker stops asking a remote
   that keeps failing for a cool-down.
+* **one compile per fleet** (:mod:`.lease`): a node that misses locally and on the remote takes
+  the kernel's lease in the remote store before compiling (Redis ``SET NX PX``, S3 conditional
+  create); the other nodes wait for its entry. Stores without conditional writes (``file://``,
+  ``memory://``, gs, azure) keep read-through and write-behind only: nodes that miss together
+  each compile. ``CUTE_DISKCACHE_REMOTE_LEASE=0`` turns leases off.
 
 One remote object per entry, named ``<prefix>/v1/<namespace>/<digest>`` (:mod:`.blob`).
 Backends are one small file each behind :class:`Backend`; :func:`from_url` picks one by URL
@@ -21,8 +26,11 @@ only ever hits locally) never imports redis or fsspec.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Protocol
 from urllib.parse import urlsplit
@@ -58,6 +66,11 @@ class Backend(Protocol):
 
     def names(self, prefix: str) -> Iterator[str]:
         """Every object name that starts with ``prefix``."""
+
+    # Optional, for fleet leases (:mod:`.lease`): a backend with ``supports_lease = True`` also
+    # offers ``exists(name)``, ``lease_acquire(name, holder, ttl) -> bool`` (create, or take over
+    # an expired lease), ``lease_renew(name, holder, ttl) -> bool`` and
+    # ``lease_release(name, holder)`` (both only while the lease is still ``holder``'s).
 
 
 def redact(url: str) -> str:
@@ -132,6 +145,12 @@ class LazyRemote:
         self.settings = settings
         self._real: RemoteCache | None = None
         self._lock = threading.Lock()
+        if hasattr(os, "register_at_fork"):  # a child forked while we built the client gets a free lock
+            ref = weakref.ref(self)
+            os.register_at_fork(after_in_child=lambda: (lambda me: me._after_fork() if me is not None else None)(ref()))
+
+    def _after_fork(self) -> None:
+        self._lock = threading.Lock()
 
     def get(self) -> RemoteCache:
         with self._lock:
@@ -148,6 +167,11 @@ class LazyRemote:
 
     def publish(self, key: CacheKey, entry_dir: Path) -> None:
         self.get().publish(key, entry_dir)
+
+    @contextlib.contextmanager
+    def flight(self, key: CacheKey, store: Store, wait: float) -> Iterator[None]:
+        with self.get().flight(key, store, wait):
+            yield
 
     @property
     def counters(self) -> Any:

@@ -7,6 +7,14 @@ generation can be deleted by prefix. Value::
     {"format": "cute-diskcache-remote-entry", "version": 1,
      "namespace": ..., "digest": ..., "files": {"manifest.msgpack": b"...", "object-<sha16>.o": b"...", ...}}
 
+Beside it, ``<prefix>/v1/<namespace>/<digest>.hit``: the same format holding only the manifest
+and the payload a hit loads (the linked shared object when there is one, else the object), so a
+remote hit moves ~a third of the bytes (:meth:`.client.RemoteCache.fetch`; the whole entry
+follows in the background, for the local store). It is written before the whole entry, so an
+entry that exists has its hit object too; entries published before it existed have none, and a
+reader falls back to the whole one. Neither name is ever read as the other: ``.hit`` is not a
+digest, so :func:`parse_name` (listing, pulling) skips it.
+
 The files are the entry's own, byte for byte (the sealed, possibly signed manifest included),
 so what a node fetches is checked by exactly the code that checks a local entry or a bundle
 member: nothing in this module decides whether an entry is good. It only refuses what cannot
@@ -34,6 +42,10 @@ def object_name(prefix: str, namespace: str, digest: str) -> str:
     return f"{prefix.strip('/')}/{LAYOUT}/{namespace}/{digest}"
 
 
+def hit_object_name(prefix: str, namespace: str, digest: str) -> str:
+    return object_name(prefix, namespace, digest) + ".hit"
+
+
 def parse_name(prefix: str, name: str) -> tuple[str, str] | None:
     """``(namespace, digest)`` of an object name under ``prefix``, or None for anything else."""
     head = f"{prefix.strip('/')}/{LAYOUT}/"
@@ -56,6 +68,24 @@ def pack(entry_dir: Path, *, hmac_key: bytes | None = None) -> tuple[str, str, b
         use_bin_type=True,
     )
     return manifest["namespace"], manifest["digest"], value
+
+
+def pack_both(entry_dir: Path, *, hmac_key: bytes | None = None) -> tuple[bytes, bytes]:
+    """``(whole value, hit value)`` of a verified local entry, read and checked once."""
+    manifest, files = ingest.read_checked(entry_dir, hmac_key=hmac_key)
+    whole = dict(files)
+    hit = {entry.MANIFEST: whole[entry.MANIFEST]}
+    role = "shared" if manifest["payloads"].get("shared") and manifest.get("tvm_ffi") else "object"
+    for item in manifest["payloads"][role]:
+        hit[item["file"]] = whole[item["file"]]
+
+    def value(files: dict[str, bytes]) -> bytes:
+        return msgpack.packb(
+            {"format": FORMAT, "version": VERSION, "namespace": manifest["namespace"], "digest": manifest["digest"], "files": files},
+            use_bin_type=True,
+        )
+
+    return value(whole), value(hit)
 
 
 def unpack(raw: bytes, namespace: str, digest: str) -> dict[str, bytes]:

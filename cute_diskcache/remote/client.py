@@ -8,31 +8,44 @@ store safe to put behind a serving process:
 * a :class:`.breaker.Breaker` skips the remote while it keeps failing;
 * fetched values are verified like any entry that arrives from outside
   (:func:`cute_diskcache.ingest.adopt_staged`, then :meth:`Store.lookup_or_quarantine` with the key, which
-  adds the arch, environment, host CPU and device checks), and only then stored and loaded;
+  adds the arch, environment, host CPU and device checks), and only then stored and loaded. A hit
+  first fetches the entry's ``.hit`` value (:mod:`.blob`: the manifest and the payload it loads),
+  checks that once with the key and loads it; the whole entry follows in the background into the
+  local store (:meth:`RemoteCache._complete`), checked as an import;
 * publishing is write-behind (:mod:`.publisher`), with ``SET``-if-absent semantics: the first
-  publisher of an entry wins, later ones are no-ops. A remote value that failed verification
+  publisher of an entry wins, later ones are no-ops. The one exception is a node holding the
+  kernel's fleet lease (:mod:`.lease`, :meth:`RemoteCache.flight`): it publishes synchronously,
+  bounded, before it lets the waiting nodes go. A remote value that failed verification
   here is overwritten by this node's own compile of it, so one bad object heals itself instead
   of costing every node a compile forever. Bad remote objects are never deleted by a fetch.
 
 Counters (this process) and statistics (the root's, per namespace) gain ``remote_*`` fields.
+
+Fork: a worker forked while the client starts up (a thread importing the client library and
+holding ``_init_lock``) would inherit a start-up that never finishes in it: every miss waiting
+``SETUP_WAIT_S`` and its publisher blocked on the lock, for good. :func:`_after_fork_in_child`
+gives the child fresh locks and start-up state (and no leases: those are the parent's).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
 import shutil
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from .. import entry, ingest, layout, stats
+from .. import config, entry, ingest, layout, stats
 from ..key import CacheKey
 from ..layout import LAYOUT
 from ..store import Store
-from . import Backend, RemoteError, blob, from_url, redact
+from . import Backend, RemoteError, blob, from_url, lease, redact
 from .breaker import Breaker
 from .publisher import Publisher
 
@@ -62,6 +75,9 @@ class RemoteCounters:
     published: int = 0  # entries written to the remote by the write-behind thread
     publish_dropped: int = 0  # publishes not attempted (queue full, breaker open, entry gone)
     remote_setup_seconds: float = 0.0  # once per process, at its first local miss: importing the remote tier and its client library
+    leases: int = 0  # fleet leases this process took to compile a kernel (the rest of the fleet waited)
+    lease_waits: int = 0  # misses that waited for another node's lease (then loaded its entry, or took over)
+    lease_wait_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -79,6 +95,8 @@ class RemoteCache:
         hmac_key: bytes | None = None,
         backend: Backend | None = None,
         queue_size: int = 256,
+        use_lease: bool = True,
+        lease_ttl: float = lease.DEFAULT_TTL_S,
     ) -> None:
         self.url = url
         self.label = f"remote cache {redact(url)}"
@@ -98,6 +116,13 @@ class RemoteCache:
         self._lock = threading.Lock()
         self._bad: set[str] = set()  # names whose value failed verification here: our publish replaces it
         self._warned: set[str] = set()
+        self.use_lease = use_lease
+        self.lease_ttl = lease_ttl
+        self._held: dict[str, lease.Lease] = {}  # digest -> the lease this process compiles it under
+        self._flights: dict[tuple[int, str], float] = {}  # (thread, digest) -> how long fetch() may wait for the fleet
+        _INSTANCES.add(self)
+        # Whole entries fetched after a hit served from a ``.hit`` value, off the request path.
+        self._completer: Publisher[tuple[str, CacheKey, Store]] | None = Publisher(self._complete, maxsize=queue_size)
         self._publisher: Publisher[tuple[str, str, Path]] | None = (
             None if readonly else Publisher(self._send, maxsize=queue_size, on_drop=lambda job: self._count(job[1], "publish_dropped"))
         )
@@ -111,7 +136,22 @@ class RemoteCache:
             readonly=settings.remote_readonly,
             cooldown=settings.remote_cooldown,
             hmac_key=settings.hmac_key,
+            use_lease=config.flag("remote_lease"),
         )
+
+    def _after_fork(self) -> None:
+        """In a forked child: locks and start-up state of its own (see the module docstring)."""
+        self._init_lock = threading.Lock()
+        self._lock = threading.Lock()
+        if not self._ready.is_set():  # start-up was under way in the parent: start it again here
+            self._ready = threading.Event()
+            self._init_started = False
+        self._held = {}
+        self._flights = {}
+        self.breaker._lock = threading.Lock()
+        for worker in (self._publisher, self._completer):
+            if worker is not None:
+                worker._lock = threading.Lock()
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -190,8 +230,22 @@ class RemoteCache:
         """``key``'s entry from the remote, verified and stored locally, as ``store.lookup_or_quarantine`` returns it; or None.
 
         Never raises: a failed call, a timeout, an open breaker or a value that does not verify
-        are all a miss (counted), and the caller compiles.
+        are all a miss (counted), and the caller compiles. Inside :meth:`flight` for ``key`` (on
+        this thread) it also waits for another node's compile, or takes the kernel's lease.
         """
+        with self._lock:
+            wait = self._flights.pop((threading.get_ident(), key.digest), None)
+        if wait is None:
+            return self._fetch(key, store)[0]
+        found, held = self.fetch_or_lease(key, store, wait)
+        if held is not None:
+            with self._lock:
+                self._held[key.digest] = held
+        return found
+
+    def _fetch(self, key: CacheKey, store: Store) -> tuple[Any, str]:
+        """``(found, outcome)``: outcome ``hit``, ``miss`` (the remote answered: no such entry),
+        ``bad`` (there is one, refused here), ``error`` (no answer, breaker open, no backend)."""
         ns = key.env.namespace
         t0 = time.perf_counter()
         if not self._ready.is_set():
@@ -201,24 +255,35 @@ class RemoteCache:
             t0 = time.perf_counter()
         ready, backend = self._backend_within(0)
         if ready and backend is None:  # no usable backend (warned once)
-            return None
+            return None, "error"
         if not ready or not self.breaker.allow():
             self._count(ns, "remote_skipped")
             self._count(ns, "remote_seconds", time.perf_counter() - t0)
-            return None
+            return None, "error"
         name = self.name(ns, key.digest)
         try:
             try:
+                part = self._bounded(self.timeout, backend.get, blob.hit_object_name(self.prefix, ns, key.digest))
+                if part is not None:
+                    self._count(ns, "remote_bytes_in", len(part))
+                    found = self._load_part(part, key, store)
+                    if found is not None:
+                        self.breaker.success()
+                        self._count(ns, "remote_hits")
+                        log.debug("remote hit %s %s (%d bytes) in %.2f ms", key.site, key.digest[:12], len(part), (time.perf_counter() - t0) * 1e3)
+                        if self._completer is not None and store.probe_writable():
+                            self._completer.submit((name, key, store))
+                        return found, "hit"
                 raw = self._bounded(self.timeout, backend.get, name)
             except RemoteError as exc:
                 self.breaker.failure(str(exc))
                 self._count(ns, "remote_errors")
-                self._warn_once("get", "cute-diskcache: %s: get failed (%s); compiling instead", self.label, exc)
-                return None
+                self._warn_once("calls", "cute-diskcache: %s: get failed (%s); compiling instead", self.label, exc)
+                return None, "error"
             self.breaker.success()
             if raw is None:
                 self._count(ns, "remote_misses")
-                return None
+                return None, "miss"
             self._count(ns, "remote_bytes_in", len(raw))
             try:
                 found = self._adopt(raw, key, store, name)
@@ -231,23 +296,79 @@ class RemoteCache:
                     "cute-diskcache: %s: entry %s rejected (%s); compiling it here, and this node's entry will replace it",
                     self.label, key.digest[:12], exc,
                 )
-                return None
+                return None, "bad"
             except OSError as exc:  # local trouble while staging (disk full...): a miss, not the remote's fault
                 self._count(ns, "remote_errors")
                 self._warn_once("stage", "cute-diskcache: could not stage a remote entry locally (%s); compiling instead", exc)
-                return None
+                return None, "bad"
             except Exception as exc:  # a bug of ours must cost a compile, never the caller's kernel
                 self._count(ns, "remote_errors")
                 log.error("cute-diskcache: remote entry %s: %s: %s; compiling instead", key.digest[:12], type(exc).__name__, exc)
-                return None
+                return None, "bad"
             if found is None:  # verified as an entry, refused for this process (host CPU, device)
                 self._count(ns, "remote_errors")
-                return None
+                return None, "bad"
             self._count(ns, "remote_hits")
             log.debug("remote hit %s %s (%d bytes) in %.2f ms", key.site, key.digest[:12], len(raw), (time.perf_counter() - t0) * 1e3)
-            return found
+            return found, "hit"
         finally:
             self._count(ns, "remote_seconds", time.perf_counter() - t0)
+
+    def _load_part(self, raw: bytes, key: CacheKey, store: Store) -> Any:
+        """The verified payload a hit loads, from a ``.hit`` value (:mod:`.blob`); None to fetch the whole entry instead.
+
+        Staged privately and looked up with the key and ``load=True``: the store's own checks
+        (signature, key, environment, host CPU, device, the loaded payload's sha256), made once.
+        Nothing partial enters the local store: the whole entry follows in the background
+        (:meth:`_complete`), checked as any import, so ``verify`` and exports never meet half an
+        entry. None (the whole entry decides) when the value lacks the payload this process
+        loads, or anything about it does not check out.
+        """
+        from ..store import _role_to_load  # the rule the lookup below applies
+
+        ns, digest = key.env.namespace, key.digest
+        try:
+            files = blob.unpack(raw, ns, digest)
+            manifest = entry.unpack_manifest(files[entry.MANIFEST], hmac_key=store.hmac_key)
+            if any(item["file"] not in files for item in manifest["payloads"].get(_role_to_load(manifest)) or [None]):
+                return None
+        except (entry.EntryError, KeyError, TypeError):
+            return None
+        base = store.scratch_dir("remote") if store.probe_writable() else Path(tempfile.mkdtemp(prefix="cute_diskcache-remote-"))
+        try:
+            blob.stage(files, base, ns, digest, durable=False)
+            # trust_shared: a private directory we just made ourselves.
+            return Store(base, readonly=True, trust_shared=True, hmac_key=store.hmac_key).lookup_or_quarantine(key, load=True)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+
+    def _complete(self, job: tuple[str, CacheKey, Store]) -> None:
+        """After a hit from a ``.hit`` value: the whole entry into the local store, checked as an import."""
+        name, key, store = job
+        ns, digest = key.env.namespace, key.digest
+        if (store.entry_dir(key) / entry.MANIFEST).exists() or not self.breaker.allow():
+            return
+        try:
+            raw = self._bounded(self.timeout * PUT_TIMEOUT_FACTOR, self._require_backend().get, name)
+        except RemoteError as exc:
+            self.breaker.failure(str(exc))
+            log.debug("completing %s locally: %s", digest[:12], exc)
+            return
+        self.breaker.success()
+        if raw is None:
+            return
+        self._count(ns, "remote_bytes_in", len(raw))
+        try:
+            staging = store.scratch_dir("remote")
+            try:
+                edir = blob.stage(blob.unpack(raw, ns, digest), staging, ns, digest, durable=False)
+                report = ingest.ImportReport(f"remote:{name}")
+                if not ingest.adopt_staged(store.root, store, edir, report, hmac_key=store.hmac_key):
+                    log.debug("completing %s locally: %s", digest[:12], report.bad[0]["reason"] if report.bad else "not merged")
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        except (entry.EntryError, OSError) as exc:
+            log.debug("completing %s locally: %s", digest[:12], exc)
 
     def _adopt(self, raw: bytes, key: CacheKey, store: Store, name: str) -> tuple[dict[str, Any], bytes] | None:
         """Stage ``raw`` as an entry, check it as an import does, merge it, then look it up with the key.
@@ -284,18 +405,109 @@ class RemoteCache:
         finally:
             shutil.rmtree(base, ignore_errors=True)
 
+    # -- fleet-wide single-flight (:mod:`.lease`) ----------------------------------------------
+
+    def fetch_or_lease(self, key: CacheKey, store: Store, wait: float) -> tuple[Any, lease.Lease | None]:
+        """``(found, None)``: the entry (fetched now, or after waiting for the node compiling it);
+        ``(None, lease)``: this node compiles it, holding the fleet's lease; ``(None, None)``:
+        compile without one (no lease support, lease off, the remote failing, a refused value, or
+        ``wait`` seconds spent waiting for another node). Never raises.
+        """
+        found, outcome = self._fetch(key, store)
+        if found is not None or outcome != "miss" or not self.use_lease or self.readonly:
+            return found, None
+        backend = self._backend
+        if backend is None or not lease.supports_lease(backend):
+            return None, None
+        ns = key.env.namespace
+        name, lname = self.name(ns, key.digest), lease.lease_name(self.prefix, ns, key.digest)
+        holder = lease.holder_id()
+        t0 = time.monotonic()
+        deadline = t0 + max(0.0, wait)
+        delay = lease.POLL_MIN_S
+        waited = False
+        try:
+            while True:
+                if not self.breaker.allow():
+                    raise RemoteError("breaker open")
+                if self._bounded(self.timeout, backend.lease_acquire, lname, holder, self.lease_ttl):
+                    taken = lease.Lease(backend, lname, holder, self.lease_ttl, call=self._bounded, timeout=self.timeout)
+                    # The holder before us may have published and released between our GET and our SET.
+                    if not self._bounded(self.timeout, backend.exists, name):
+                        self.breaker.success()
+                        with self._lock:
+                            self.counters.leases += 1
+                        log.debug("lease %s taken: compiling %s for the fleet", lname, key.digest[:12])
+                        return None, taken
+                    taken.release()
+                elif self._bounded(self.timeout, backend.exists, name):
+                    pass  # published while we asked for the lease
+                else:
+                    self.breaker.success()
+                    waited = True
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._warn_once("lease-wait", "cute-diskcache: %s: waited %.0f s for another node compiling %s %s; compiling it here too",
+                                        self.label, wait, key.site, key.digest[:12])
+                        return None, None
+                    time.sleep(min(delay, left))
+                    delay = min(delay * lease.POLL_GROWTH, lease.POLL_MAX_S)
+                    continue
+                self.breaker.success()
+                found, outcome = self._fetch(key, store)  # there now: fetched and verified as any remote entry
+                if found is not None or outcome != "miss":
+                    return found, None
+        except RemoteError as exc:
+            self.breaker.failure(str(exc))
+            self._count(ns, "remote_errors")
+            self._warn_once("calls", "cute-diskcache: %s: lease failed (%s); compiling without fleet coordination", self.label, exc)
+            return None, None
+        finally:
+            if waited:
+                with self._lock:
+                    self.counters.lease_waits += 1
+                    self.counters.lease_wait_seconds += time.monotonic() - t0
+
+    @contextlib.contextmanager
+    def flight(self, key: CacheKey, store: Store, wait: float) -> Iterator[None]:
+        """The fleet-wide single-flight of ``key`` around a local miss's remote fetch and compile.
+
+        Inside the block, the first :meth:`fetch` of ``key`` on this thread is
+        :meth:`fetch_or_lease` (so the caller's timing of its remote hit includes any wait).
+        With a lease taken, :meth:`publish` of ``key`` inside the block sends synchronously, and
+        the lease is released on the way out whatever the compile did (an exception, an entry
+        that could not be persisted): waiters then find either the entry or a free lease.
+        """
+        token = (threading.get_ident(), key.digest)
+        with self._lock:
+            self._flights[token] = wait
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._flights.pop(token, None)
+                held = self._held.pop(key.digest, None)
+            if held is not None:
+                held.release()
+
     # -- write-behind -------------------------------------------------------------------------
 
     def publish(self, key: CacheKey, entry_dir: Path) -> None:
         """Queue a committed entry for publishing; returns at once (nothing if the remote is read-only)."""
         if self._publisher is None or self._backend_error is not None:
             return
+        with self._lock:
+            held = self._held.get(key.digest)
+        if held is not None and not held.published:  # the fleet waits for this entry: send it now (bounded)
+            held.published = True
+            self._send((self.name(key.env.namespace, key.digest), key.env.namespace, entry_dir))
+            return
         self._publisher.submit((self.name(key.env.namespace, key.digest), key.env.namespace, entry_dir))
 
     def _send(self, job: tuple[str, str, Path]) -> None:
         name, ns, entry_dir = job
         try:
-            _ns, _digest, value = blob.pack(entry_dir, hmac_key=self.hmac_key)
+            value, part = blob.pack_both(entry_dir, hmac_key=self.hmac_key)
         except entry.EntryError as exc:  # evicted, quarantined or rewritten since the commit
             log.debug("not publishing %s: %s", entry_dir.name[:12], exc)
             self._count(ns, "publish_dropped")
@@ -309,23 +521,31 @@ class RemoteCache:
         with self._lock:
             overwrite = name in self._bad
         try:
+            # The hit value first: whoever sees the whole entry finds its hit value too.
+            self._bounded(self.timeout * PUT_TIMEOUT_FACTOR, backend.put, blob.hit_object_name(self.prefix, ns, name.rsplit("/", 1)[-1]), part,
+                          only_if_absent=not overwrite)
             written = self._bounded(self.timeout * PUT_TIMEOUT_FACTOR, backend.put, name, value, only_if_absent=not overwrite)
         except RemoteError as exc:
             self.breaker.failure(str(exc))
             self._count(ns, "remote_errors")
-            self._warn_once("put", "cute-diskcache: %s: publish failed (%s)", self.label, exc)
+            self._warn_once("calls", "cute-diskcache: %s: publish failed (%s)", self.label, exc)
             return
         self.breaker.success()
         if written:
             with self._lock:
                 self._bad.discard(name)
             self._count(ns, "published")
-            self._count(ns, "remote_bytes_out", len(value))
+            self._count(ns, "remote_bytes_out", len(value) + len(part))
             log.debug("published %s (%d bytes)%s", name, len(value), " over a rejected copy" if overwrite else "")
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait for queued publishes (tests, and short-lived tools that want them out now)."""
-        return True if self._publisher is None else self._publisher.flush(timeout)
+        """Wait for queued publishes and local completions of hits (tests, and short-lived tools that want them done now)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ok = True
+        for worker in (self._publisher, self._completer):
+            if worker is not None:
+                ok = worker.flush(None if deadline is None else max(0.0, deadline - time.monotonic())) and ok
+        return ok
 
     # -- bulk: export --to-remote / import --from-remote --------------------------------------
 
@@ -361,11 +581,12 @@ class RemoteCache:
                 report["present"] += 1
                 continue
             try:
-                _ns, _digest, value = blob.pack(d, hmac_key=self.hmac_key)
+                value, part = blob.pack_both(d, hmac_key=self.hmac_key)
             except entry.EntryError as exc:
                 if exc.reason != "absent":
                     report["skipped"].append({"digest": d.name, "namespace": ns, "reason": str(exc)})
                 continue
+            self._bounded(self._bulk_timeout(), backend.put, blob.hit_object_name(self.prefix, ns, d.name), part, only_if_absent=True)
             if self._bounded(self._bulk_timeout(), backend.put, name, value, only_if_absent=True):
                 report["pushed"] += 1
                 report["bytes"] += len(value)
@@ -402,3 +623,16 @@ class RemoteCache:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return report
+
+
+#: Every client of this process, for the fork hook (weakly: a client dropped is not kept alive).
+_INSTANCES: weakref.WeakSet[RemoteCache] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for client in list(_INSTANCES):
+        client._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -7,11 +7,18 @@ bytes go to a temporary name first and are renamed into place. "Only if absent" 
 before the write: two publishers racing on one name may both write, which is harmless, as any
 valid copy of an entry is as good as another (entries are verified on fetch, not trusted).
 fsspec gives no portable socket timeout; the caller's deadline bounds every call.
+
+Leases (:mod:`.lease`) only where the store has conditional writes, which fsspec does not
+abstract: S3 through s3fs (``If-None-Match: *`` to create, ``If-Match: <etag>`` to renew or
+take over, a conditional delete to release; AWS has honoured them since 2024, MinIO and moto
+5.2 too). Other schemes say ``supports_lease = False`` and nodes compile as before.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import time
 from typing import Any, Iterator
 
 from . import RemoteError, redact
@@ -32,6 +39,7 @@ class FsspecBackend:
         protocol = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
         self._local = "file" in protocol or "local" in protocol
         self._timeout = timeout
+        self.supports_lease = ("s3" in protocol or "s3a" in protocol) and hasattr(fs, "call_s3")
 
     def _path(self, name: str) -> str:
         return f"{self._base}/{name}"
@@ -58,6 +66,94 @@ class FsspecBackend:
             else:
                 self._fs.pipe_file(path, data)
             return True
+        except Exception as exc:
+            raise RemoteError(f"{type(exc).__name__}: {exc}") from None
+
+    def exists(self, name: str) -> bool:
+        try:
+            if self.supports_lease:  # ask the store, not s3fs's listing cache
+                self._head(name)
+                return True
+            return bool(self._fs.exists(self._path(name)))
+        except FileNotFoundError:
+            return False
+        except Exception as exc:
+            raise RemoteError(f"{type(exc).__name__}: {exc}") from None
+
+    # -- leases (S3 only) ---------------------------------------------------------------------
+
+    def _bucket_key(self, name: str) -> tuple[str, str]:
+        bucket, key, _version = self._fs.split_path(self._path(name))
+        return bucket, key
+
+    def _head(self, name: str) -> dict[str, Any]:
+        bucket, key = self._bucket_key(name)
+        return dict(self._fs.call_s3("head_object", Bucket=bucket, Key=key))
+
+    def _put_lease(self, name: str, holder: str, ttl: float, condition: dict[str, str]) -> bool:
+        """Write the lease under ``condition``; False when the store says the condition did not hold."""
+        bucket, key = self._bucket_key(name)
+        try:
+            self._fs.call_s3("put_object", Bucket=bucket, Key=key, Body=holder.encode(),
+                             Metadata={"holder": holder, "expires": f"{time.time() + ttl:.3f}"}, **condition)
+            return True
+        except FileExistsError:  # If-None-Match: the object exists
+            return False
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:  # s3fs's reading of 412 PreconditionFailed (If-Match)
+                return False
+            raise
+
+    def _current(self, name: str) -> tuple[str, float, str] | None:
+        """``(holder, expires, etag)`` of the lease object, or None if there is none."""
+        try:
+            head = self._head(name)
+        except FileNotFoundError:
+            return None
+        meta = head.get("Metadata") or {}
+        try:
+            expires = float(meta.get("expires", "0"))
+        except ValueError:
+            expires = 0.0
+        return str(meta.get("holder", "")), expires, str(head.get("ETag", ""))
+
+    def lease_acquire(self, name: str, holder: str, ttl: float) -> bool:
+        try:
+            for _attempt in range(2):
+                if self._put_lease(name, holder, ttl, {"IfNoneMatch": "*"}):
+                    return True
+                current = self._current(name)
+                if current is None:  # released between our two calls: try to create it again
+                    continue
+                _holder, expires, etag = current
+                if expires > time.time():
+                    return False
+                # Stale (its holder died): replace exactly that version, so one taker wins.
+                return self._put_lease(name, holder, ttl, {"IfMatch": etag})
+            return False
+        except Exception as exc:
+            raise RemoteError(f"{type(exc).__name__}: {exc}") from None
+
+    def lease_renew(self, name: str, holder: str, ttl: float) -> bool:
+        try:
+            current = self._current(name)
+            if current is None or current[0] != holder:
+                return False
+            return self._put_lease(name, holder, ttl, {"IfMatch": current[2]})
+        except Exception as exc:
+            raise RemoteError(f"{type(exc).__name__}: {exc}") from None
+
+    def lease_release(self, name: str, holder: str) -> None:
+        try:
+            current = self._current(name)
+            if current is None or current[0] != holder:
+                return
+            bucket, key = self._bucket_key(name)
+            try:
+                self._fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=current[2])
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:  # renewed or taken over since we read it: not ours to delete
+                    raise
         except Exception as exc:
             raise RemoteError(f"{type(exc).__name__}: {exc}") from None
 

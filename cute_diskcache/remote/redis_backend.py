@@ -1,5 +1,9 @@
 """Redis (redis-py): one string value per entry, ``SET NX`` so the first publisher wins.
 
+Leases (:mod:`.lease`): ``SET NX PX``, renewed and released only by their holder (Lua scripts
+that compare the value first, so a holder whose lease expired never extends or deletes the
+lease a waiter took over).
+
 Timeouts are the client's own (connect and every socket read or write), and retries are off:
 redis-py retries three times with backoff by default, which would turn a one-second bound into
 several. A failed call is the breaker's to count, not the client's to repeat.
@@ -13,10 +17,18 @@ from typing import Any, Iterator
 from . import RemoteError, redact
 
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
+_RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
+_RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
 
 
 class RedisBackend:
     """A ``redis://`` / ``rediss://`` / ``unix://`` URL, as redis-py's ``from_url`` reads it."""
+
+    supports_lease = True
 
     def __init__(self, url: str, *, timeout: float) -> None:
         try:
@@ -49,6 +61,18 @@ class RedisBackend:
 
     def put(self, name: str, data: bytes, *, only_if_absent: bool) -> bool:
         return bool(self._call(self._client.set, name, data, nx=only_if_absent))
+
+    def exists(self, name: str) -> bool:
+        return bool(self._call(self._client.exists, name))
+
+    def lease_acquire(self, name: str, holder: str, ttl: float) -> bool:
+        return bool(self._call(self._client.set, name, holder.encode(), nx=True, px=_ms(ttl)))
+
+    def lease_renew(self, name: str, holder: str, ttl: float) -> bool:
+        return bool(self._call(self._client.eval, _RENEW, 1, name, holder.encode(), _ms(ttl)))
+
+    def lease_release(self, name: str, holder: str) -> None:
+        self._call(self._client.eval, _RELEASE, 1, name, holder.encode())
 
     def delete(self, name: str) -> None:
         self._call(self._client.delete, name)

@@ -1,0 +1,370 @@
+"""Fleet-wide single-flight (issue 21, scope 3) and a fork during the remote's start-up (defect 4).
+
+Nodes are separate processes with separate local roots on one real redis-server (the fixture of
+test_remote_redis) or one moto S3 server (test_remote_s3's). The coordination tests go through
+the public :class:`CompileCache` with a compile function that counts into a file and sleeps;
+the artifact it persists is synthetic (``export.export`` and the load of a hit are replaced in
+the child, nothing else), so they run in seconds. The done-when test compiles flashinfer's micro
+kernel for real on 6 cold nodes and counts the DSL's compiles independently (conftest's hook).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _servers import free_port  # noqa: E402
+from test_remote_redis import node_env, redis_db, redis_url, remote_names  # noqa: E402,F401  (fixtures)
+from test_remote_s3 import BUCKET, _aws, s3  # noqa: E402,F401  (fixture; it skips without moto and s3fs)
+
+TESTS = str(Path(__file__).resolve().parent)
+ProbeFn = Callable[..., dict[str, Any]]
+
+# --------------------------------------------------------------------------------------------
+# A node: CompileCache + RemoteCache, a synthetic compile that counts into a file
+# --------------------------------------------------------------------------------------------
+
+_NODE = textwrap.dedent(
+    """
+    import json, logging, os, sys, time
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[1])
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    from _helpers import make_artifact, make_key
+    from cute_diskcache import export
+    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.remote.client import RemoteCache
+    from cute_diskcache.store import Store
+    root, url, count_file, go = Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), Path(sys.argv[5])
+    compile_s, ttl, lease_on = float(sys.argv[6]), float(sys.argv[7]), sys.argv[8] == "1"
+    # The synthetic parts: what a compile exports, and loading a verified hit (no DSL here).
+    export.export = lambda kernel, digest, seconds, extra, device, **kw: make_artifact()
+    CompileCache._load = lambda self, key, found: "loaded:" + found[0]["digest"]
+    key = make_key("micro")
+    try:
+        remote = RemoteCache(url, timeout=2.0, hmac_key=b"fleet-secret", lease_ttl=ttl, use_lease=lease_on)
+    except TypeError:  # a version without leases (the tests must be able to fail on it)
+        remote = RemoteCache(url, timeout=2.0, hmac_key=b"fleet-secret")
+    cache = CompileCache(Store(root, hmac_key=b"fleet-secret"), remote=remote, lock_timeout=60)
+
+    def compile_fn():
+        with open(count_file, "a") as f:
+            f.write(f"{os.getpid()}\\n")
+        (root.parent / f"compiling-{os.getpid()}").touch()
+        time.sleep(compile_s)
+        return "compiled"
+
+    (root.parent / f"ready-{root.name}").touch()
+    while not go.exists():
+        time.sleep(0.005)
+    t0 = time.monotonic()
+    kernel, _ = cache.get_or_compile(key, compile_fn)
+    dt = time.monotonic() - t0
+    remote.flush(10)
+    print(json.dumps({"kernel": kernel, "seconds": dt, "pid": os.getpid(), "events": [e[2] for e in cache.events],
+                      **cache.counters.as_dict(), "leases": 0, "lease_waits": 0, **remote.counters.as_dict()}))
+    """
+)
+
+
+def _start_nodes(tmp: Path, url: str, n: int, *, compile_s: float = 1.5, ttl: float = 3.0, lease: bool = True,
+                 env: dict[str, str] | None = None, go: bool = True) -> tuple[list[subprocess.Popen[str]], Path, Path]:
+    count, gate = tmp / "compiles.txt", tmp / "go"
+    count.touch()
+    procs = []
+    for i in range(n):
+        root = tmp / f"node-{i}"
+        procs.append(subprocess.Popen(
+            [sys.executable, "-c", _NODE, TESTS, str(root), url, str(count), str(gate), str(compile_s), str(ttl), "1" if lease else "0"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+        ))
+    deadline = time.monotonic() + 120
+    while not all((tmp / f"ready-node-{i}").exists() for i in range(n)):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), [p.communicate() for p in procs if p.poll() is not None]
+        time.sleep(0.02)
+    if go:
+        gate.touch()
+    return procs, count, gate
+
+
+def _reports(procs: list[subprocess.Popen[str]], timeout: float = 120) -> list[dict[str, Any]]:
+    out = []
+    try:
+        for p in procs:
+            stdout, stderr = p.communicate(timeout=timeout)
+            assert p.returncode == 0, stderr[-3000:]
+            report = json.loads(stdout.strip().splitlines()[-1])
+            report["stderr"] = stderr
+            out.append(report)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return out
+
+
+def _remote_warnings(stderr: str) -> list[str]:
+    """The remote tier's lines (the miss log of cache.py may add its own "compiling ..." line)."""
+    return [ln for ln in stderr.splitlines() if "remote cache" in ln or "lease" in ln or "Traceback" in ln]
+
+
+def _compiles(count: Path) -> int:
+    return len(count.read_text().split())
+
+
+def _one_fleet(tmp: Path, url: str, n: int, **kw: Any) -> tuple[list[dict[str, Any]], int]:
+    procs, count, _ = _start_nodes(tmp, url, n, **kw)
+    reports = _reports(procs)
+    return reports, _compiles(count)
+
+
+def test_redis_fleet_compiles_once(redis_db: Any, redis_url: str, tmp_path: Path) -> None:
+    reports, compiles = _one_fleet(tmp_path, redis_url, 4)
+    assert compiles == 1, reports
+    assert sorted(r["kernel"].split(":")[0] for r in reports) == ["compiled", "loaded", "loaded", "loaded"], reports
+    holder = next(r for r in reports if r["kernel"] == "compiled")
+    assert holder["leases"] == 1 and holder["published"] == 1
+    waiters = [r for r in reports if r is not holder]
+    assert all(r["lease_waits"] == 1 and r["remote_hits"] == 1 and r["events"] == ["remote-hit"] for r in waiters), waiters
+    assert not [_remote_warnings(r["stderr"]) for r in reports if _remote_warnings(r["stderr"])], [r["stderr"] for r in reports]
+    assert not [k for k in redis_db.keys("cute-diskcache/lease/*")], "the lease is released"
+    print(f"\n4 nodes on redis: 1 compile; ready after {max(r['seconds'] for r in reports):.2f} s (compile 1.5 s)")
+
+
+def test_without_lease_every_node_compiles(redis_db: Any, redis_url: str, tmp_path: Path) -> None:
+    """Today's behaviour, kept behind CUTE_DISKCACHE_REMOTE_LEASE=0: the test above can fail."""
+    reports, compiles = _one_fleet(tmp_path, redis_url, 3, compile_s=1.0, lease=False)
+    assert compiles == 3 and all(r["kernel"] == "compiled" and r["leases"] == 0 for r in reports), reports
+
+
+def test_killed_holder_is_replaced_within_the_ttl(redis_db: Any, redis_url: str, tmp_path: Path) -> None:
+    ttl = 2.0
+    procs, count, _ = _start_nodes(tmp_path, redis_url, 2, compile_s=30.0, ttl=ttl)
+    try:
+        deadline = time.monotonic() + 60
+        while _compiles(count) < 1:
+            assert time.monotonic() < deadline, "nobody started compiling"
+            time.sleep(0.02)
+        holder_pid = int(count.read_text().split()[0])
+        holder = next(p for p in procs if p.pid == holder_pid)
+        waiter = next(p for p in procs if p.pid != holder_pid)
+        time.sleep(0.5)  # the waiter is polling now
+        assert _compiles(count) == 1 and redis_db.exists(*redis_db.keys("cute-diskcache/lease/*")) == 1
+        os.kill(holder_pid, signal.SIGKILL)
+        killed = time.monotonic()
+        holder.wait()
+        while _compiles(count) < 2:
+            assert time.monotonic() - killed < ttl + 4, "the waiter did not take the dead holder's lease over within its TTL"
+            assert waiter.poll() is None
+            time.sleep(0.02)
+        took_over = time.monotonic() - killed
+        assert int(count.read_text().split()[1]) == waiter.pid
+        print(f"\nholder SIGKILLed; waiter took over after {took_over:.2f} s (ttl {ttl} s)")
+        assert took_over <= ttl + 2.5  # expiry, then at most one poll interval (1 s) and a loaded box
+        waiter.send_signal(signal.SIGKILL)  # its 30 s compile proves nothing more
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def test_down_remote_each_node_compiles_with_one_warning(tmp_path: Path) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    reports, compiles = _one_fleet(tmp_path, url, 3, compile_s=0.5)
+    assert compiles == 3 and all(r["kernel"] == "compiled" for r in reports), reports
+    for r in reports:
+        lines = _remote_warnings(r["stderr"])
+        assert len(lines) == 1 and "Connection refused" in lines[0], r["stderr"]
+
+
+# --------------------------------------------------------------------------------------------
+# S3 through moto: conditional create
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3_env(s3: tuple[str, Any]) -> Any:  # noqa: F811
+    endpoint, client = s3
+    return endpoint, client, f"s3://{BUCKET}/fleet", _aws(endpoint)
+
+
+def test_s3_fleet_compiles_once(s3_env: Any, tmp_path: Path) -> None:
+    endpoint, client, url, aws = s3_env
+    reports, compiles = _one_fleet(tmp_path, url, 3, env=aws)
+    assert compiles == 1, [r["stderr"] for r in reports]
+    assert sorted(r["kernel"].split(":")[0] for r in reports) == ["compiled", "loaded", "loaded"], reports
+    assert not [_remote_warnings(r["stderr"]) for r in reports if _remote_warnings(r["stderr"])], [r["stderr"] for r in reports]
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=BUCKET).get("Contents", [])]
+    assert not [k for k in keys if "/lease/" in k], keys
+
+
+def test_s3_stale_lease_is_taken_over_once(s3_env: Any) -> None:
+    """Two nodes find one expired lease: If-Match lets exactly one replace it."""
+    from cute_diskcache.remote.fsspec_backend import FsspecBackend
+
+    _endpoint, _client, url, aws = s3_env
+    os.environ.update(aws)
+    backend = FsspecBackend(url, timeout=2)
+    assert backend.supports_lease
+    name = f"cute-diskcache/lease/ns/{os.urandom(8).hex()}"
+    assert backend.lease_acquire(name, "dead", 0.5)
+    assert not backend.lease_acquire(name, "a", 5) and not backend.lease_renew(name, "a", 5)
+    time.sleep(0.7)
+    current = backend._current(name)
+    assert current is not None and current[0] == "dead"
+    assert backend._put_lease(name, "a", 5, {"IfMatch": current[2]})  # a takes over the version it read...
+    assert not backend._put_lease(name, "b", 5, {"IfMatch": current[2]})  # ...b, who read the same, cannot
+    assert not backend.lease_acquire(name, "b", 5)
+    assert backend.lease_renew(name, "a", 5)
+    backend.lease_release(name, "b")  # not b's: stays
+    assert backend.exists(name)
+    backend.lease_release(name, "a")
+    assert not backend.exists(name)
+
+
+# --------------------------------------------------------------------------------------------
+# Defect 4: a fork while the client starts up
+# --------------------------------------------------------------------------------------------
+
+_FORK = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[1])
+    from _helpers import make_artifact, make_key
+    from cute_diskcache.remote import client
+    from cute_diskcache.store import Store
+    url, tmp = sys.argv[2], Path(sys.argv[3])
+    real = client.from_url
+
+    def slow_from_url(*a, **kw):  # a start-up that takes a while (a slow client import)
+        time.sleep(1.5)
+        return real(*a, **kw)
+
+    client.from_url = slow_from_url
+    rc = client.RemoteCache(url, timeout=0.5)
+    key = make_key("micro")
+    rc._backend_within(0)  # the start-up thread now holds _init_lock
+    time.sleep(0.3)
+    pid = os.fork()
+    if pid == 0:
+        out = {}
+        store = Store(tmp / "child")
+        for i in range(2):
+            t0 = time.monotonic()
+            rc.fetch(key, store)
+            out[f"miss{i}"] = time.monotonic() - t0
+        store.commit(key, make_artifact())
+        rc.publish(key, store.entry_dir(key))
+        out["flushed"] = rc.flush(5)
+        out.update(rc.counters.as_dict())
+        (tmp / "child.json").write_text(json.dumps(out))
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"status": status}))
+    """
+)
+
+
+def test_fork_during_remote_startup(redis_db: Any, redis_url: str, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", _FORK, TESTS, redis_url, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    child = json.loads((tmp_path / "child.json").read_text())
+    print(f"\nchild after fork: misses took {child['miss0']:.2f} s, {child['miss1']:.3f} s; published {child['published']}")
+    assert child["miss0"] < 5 and child["miss1"] < 1, f"the child waited the start-up timeout: {child}"
+    assert child["remote_misses"] == 2, child  # it asked the remote both times
+    assert child["flushed"] and child["published"] == 1, f"the child's publisher is stuck: {child}"
+    assert len(remote_names(redis_db)) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Done when: 6 cold nodes on one Redis compile a real kernel once
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_six_cold_nodes_compile_a_real_kernel_once(compile_hook_dir: Path, redis_db: Any, redis_url: str, tmp_path: Path) -> None:
+    from test_singleflight import _run_all, _spawn
+
+    procs = [_spawn(compile_hook_dir, tmp_path / f"node-{i}", 1, extra_env=node_env(redis_url, CUTE_DISKCACHE_REMOTE_TIMEOUT="2"))
+             for i in range(6)]
+    t0 = time.monotonic()
+    reports = _run_all(procs)
+    wall = time.monotonic() - t0
+    real = [r["real_compiles"] for r in reports]
+    assert sum(real) == 1, (real, [r["stderr"][-500:] for r in reports])
+    assert len({json.dumps(r["kernels"], sort_keys=True) for r in reports}) == 1
+    errors = {json.dumps([x["launch_error"] for x in r["records"]]) for r in reports}
+    assert len(errors) == 1, "every node got the same kernel, with the same ABI"
+    assert sorted(r["counters"]["remote_hits"] for r in reports) == [0, 1, 1, 1, 1, 1]
+    print(f"\n6 cold nodes, one redis: {sum(real)} real compile; all ready after {wall:.1f} s")
+
+
+# --------------------------------------------------------------------------------------------
+# Remote hits at transfer cost (scope 4): the hit moves the manifest and the payload it loads
+# --------------------------------------------------------------------------------------------
+
+
+def _published(tmp: Path, url: str) -> tuple[Any, Path, Any]:
+    from _helpers import make_artifact, make_key
+
+    from cute_diskcache.remote.client import RemoteCache
+    from cute_diskcache.store import Store
+
+    key = make_key("micro")
+    src = Store(tmp / "a", hmac_key=b"k")
+    assert src.commit(key, make_artifact((b"\x22" * 150_000,), mlir="module {}\n" + "// pad\n" * 20_000)) is not None
+    rc = RemoteCache(url, hmac_key=b"k")
+    rc.publish(key, src.entry_dir(key))
+    assert rc.flush(10) and rc.counters.published == 1
+    return key, src.entry_dir(key), rc
+
+
+def test_remote_hit_fetches_what_it_loads(redis_db: Any, redis_url: str, tmp_path: Path) -> None:
+    from cute_diskcache import entry, ingest
+    from cute_diskcache.remote.client import RemoteCache
+    from cute_diskcache.store import Store
+
+    key, src, _ = _published(tmp_path, redis_url)
+    (name,) = remote_names(redis_db)
+    whole = len(redis_db.get(name))
+    node = Store(tmp_path / "b", hmac_key=b"k")
+    rc = RemoteCache(redis_url, hmac_key=b"k")
+    found = rc.fetch(key, node)
+    assert found is not None
+    on_request_path = rc.counters.remote_bytes_in
+    manifest = entry.read_manifest(src)
+    wanted = sum(p["size"] for p in manifest["payloads"][found.role])
+    print(f"\nremote hit moved {on_request_path} of {whole} bytes ({found.role}: {wanted})")
+    assert on_request_path < 0.6 * whole and on_request_path >= wanted
+    assert found[1] == entry.verify(src, manifest, key, role=found.role), "the verified payload it loads"
+    assert rc.flush(10), "the whole entry follows in the background"
+    assert rc.counters.remote_bytes_in == on_request_path + whole
+    local = node.entry_dir(key)
+    assert ingest.check(local, hmac_key=b"k")[0]["digest"] == key.digest, "complete, as `verify` checks it"
+    assert sorted(p.name for p in local.iterdir()) == sorted(p.name for p in src.iterdir())
+
+
+def test_entry_without_hit_value_still_hits(redis_db: Any, redis_url: str, tmp_path: Path) -> None:
+    from cute_diskcache.remote.client import RemoteCache
+    from cute_diskcache.store import Store
+
+    key, _src, _ = _published(tmp_path, redis_url)
+    (name,) = remote_names(redis_db)
+    redis_db.delete(name + ".hit")  # published by an older version
+    node = Store(tmp_path / "b", hmac_key=b"k")
+    rc = RemoteCache(redis_url, hmac_key=b"k")
+    assert rc.fetch(key, node) is not None and rc.counters.remote_bytes_in == len(redis_db.get(name))
+    assert node.lookup_or_quarantine(key) is not None, "stored locally at once, as before"
