@@ -65,8 +65,8 @@ def _table(sites: list[dict[str, Any]]) -> list[str]:
 
 def render(report: dict[str, Any], json: bool = False, show_all: bool = False) -> str:
     """The report as an operator reads it (the sm12x table, the other groups counted), or as JSON."""
-    if json:
-        return jsonlib.dumps(report, indent=1, sort_keys=True)
+    if json:  # "schema": the version of the CLI's JSON documents (cli.output.SCHEMA)
+        return jsonlib.dumps({"schema": 1, **report}, indent=1, sort_keys=True)
     if not report.get("flashinfer"):
         return "flashinfer is not installed: nothing to cover."
     summary = report.get("summary", {})

@@ -1,4 +1,6 @@
-"""``python -m cute_diskcache.prewarm --model ...``: fill the cache before the engine starts.
+"""``cute-diskcache prewarm MODEL ...`` (or ``cute-diskcache-prewarm``, ``python -m cute_diskcache.prewarm``):
+fill the cache before the engine starts, taking the engine's own flags (``--max-num-batched-tokens``,
+``-tp``, ``-dp``, ``--enable-expert-parallel``, ``--dtype``).
 
 Three steps, each done by flashinfer's own code so that a new flashinfer release that selects
 kernels differently is followed automatically:
@@ -27,6 +29,7 @@ dense GEMM in vLLM; their kernels are planned and compiled the same way, by driv
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import queue
@@ -42,6 +45,8 @@ from . import config
 
 #: Exit codes: 0 all good, 1 some kernels failed, 2 the model or config cannot be prewarmed.
 EXIT_FAILED, EXIT_UNSUPPORTED = 1, 2
+#: ``"schema"`` of the JSON prewarm prints (the CLI's, :data:`.cli.output.SCHEMA`).
+JSON_SCHEMA = 1
 #: Relative compile cost by kind (measured on 0.6.15.post1): schedule the long ones first.
 _COST = {"dynamic": 4.5, "static": 2.3, "micro": 2.0, "direct_micro": 2.0, "w4a16": 1.5, "b12x_fp4": 1.5}
 
@@ -197,6 +202,7 @@ def worker_main(args: argparse.Namespace) -> int:
 
     install(target=args.target)
     cache = default_cache()
+    cache.for_prewarm()
     dispatcher = _dispatcher(models.MoEShape(**json.loads(args.worker_shape)), args.max_num_tokens, args.functional) \
         if args.worker_shape else None
     dense = prewarm_dense.dispatcher(models.DenseShape.from_dict(json.loads(args.worker_dense))) if args.worker_dense else None
@@ -431,18 +437,96 @@ def _print_table(shape: Any, dense: Any, kernels: dict[str, Kernel], summary: di
         print(f"  FAILED {f['kind']} m={f['m']} {f['digest'][:12]}: {f['error']}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="cute-diskcache-prewarm", description="Fill the cute-diskcache before the engine starts.")
-    ap.add_argument("--model", help="local dir / config.json, Hugging Face repo id, or bundled name")
-    ap.add_argument("--tp", type=int, default=1, help="tensor parallel size (shards the MoE intermediate size)")
-    ap.add_argument("--ep", type=int, default=1, help="expert parallel size (shards the experts)")
-    ap.add_argument("--max-num-tokens", type=int, default=8192, help="the engine's max_num_batched_tokens")
-    ap.add_argument("--m", type=parse_ms, default=None, help="token counts to cover, e.g. 1-8,16,128 (default 1..max-num-tokens)")
+def where_written(kernels: dict[str, Kernel]) -> dict[str, Any]:
+    """Where the kernels a serving engine will load now are: the root, entries per namespace,
+    bytes (ours), and how many flashinfer keeps in its own cache (``native``)."""
+    from .cache import default_cache
+
+    ours = [k for k in kernels.values() if not k.native and k.key is not None and k.status in ("compiled", "cached")]
+    namespaces: dict[str, int] = {}
+    for k in ours:
+        namespaces[k.key.env.namespace] = namespaces.get(k.key.env.namespace, 0) + 1
+    return {"root": str(default_cache().store.root), "namespaces": namespaces, "entries": len(ours),
+            "bytes": sum(k.bytes for k in ours), "native": sum(1 for k in kernels.values() if k.native and k.status != "failed")}
+
+
+def _cpu_extras() -> list[str]:
+    from . import hostcpu
+
+    return hostcpu.beyond_baseline()
+
+
+def _ranges(ms: list[int]) -> str:
+    """``[1, 2, 3, 8]`` -> ``"1-3,8"`` (what :func:`parse_ms` reads)."""
+    parts: list[str] = []
+    for m in ms:
+        if parts and m == int(parts[-1].rpartition("-")[2]) + 1:
+            parts[-1] = f"{parts[-1].partition('-')[0]}-{m}"
+        else:
+            parts.append(str(m))
+    return ",".join(parts)
+
+
+def argv_of_plan(args: argparse.Namespace) -> list[str]:
+    """The plan flags of ``args`` (:func:`add_plan_arguments`) as a command line, defaults left out."""
+    out = [str(args.model)]
+    out += ["-tp", str(args.tp)] if args.tp != 1 else []
+    out += ["-dp", str(args.dp)] if getattr(args, "dp", 1) != 1 else []
+    out += ["--enable-expert-parallel"] if getattr(args, "enable_expert_parallel", False) else []
+    out += ["--ep", str(args.ep)] if args.ep != 1 else []
+    out += ["--max-num-batched-tokens", str(args.max_num_tokens)]
+    out += ["--dtype", args.dtype] if getattr(args, "dtype", "auto") != "auto" else []
+    out += ["--m", _ranges(args.m)] if args.m else []
+    out += ["--target", args.target] if args.target else []
+    out += ["--functional"] if args.functional else []
+    out += ["--no-dense"] if not args.dense else []
+    out += ["--no-autotune"] if not args.autotune else []
+    return out
+
+
+def print_next_steps(written: dict[str, Any], cpu_extras: list[str], plan_argv: list[str]) -> None:
+    """Prewarm's closing lines: where it wrote, what to serve with, how to gate a deploy, and a
+    build CPU whose extensions common serving CPUs lack (every entry would miss there)."""
+    import shlex
+
+    root = written["root"]
+    print(f"\nwrote to {root}: {written['entries']} entr{'y' if written['entries'] == 1 else 'ies'} ({written['bytes'] / 1e6:.1f} MB)"
+          + (f", {written['native']} more in flashinfer's own cache" if written["native"] else ""))
+    for ns, n in sorted(written["namespaces"].items()):
+        print(f"  {n:>5}  {ns}")
+    print(f"next: serve with FLASHINFER_B12X_DISK_CACHE=1 CUTE_DISKCACHE_DIR={shlex.quote(root)}")
+    print(f"      gate a deploy with: cute-diskcache --root {shlex.quote(root)} check {shlex.join(plan_argv)}"
+          + ("  (on the serving host, without --target: its GPU decides)" if "--target" in plan_argv else ""))
+    if cpu_extras:
+        from . import hostcpu
+
+        print(f"note: this CPU has {', '.join(cpu_extras)}, beyond {hostcpu.BASELINE_NAME}; the entries record them, and a "
+              f"serving host whose CPU lacks any of them will not use the entries (a host-cpu miss; 'cute-diskcache check' "
+              f"there names them). Prewarm on a CPU like the serving hosts'.")
+
+
+def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
+    """The flags that decide which kernels a model needs (model, parallelism, batch sizes,
+    target, paths): prewarm's, and ``cute-diskcache check``'s, so the two plan the same set."""
+    # vLLM's names (`vllm serve MODEL --max-num-batched-tokens N -tp 2`), so a launch command's
+    # flags can be pasted; the names prewarm had before stay as aliases.
+    ap.add_argument("model", nargs="?", default=argparse.SUPPRESS, metavar="MODEL",
+                    help="local dir / config.json, Hugging Face repo id, or bundled name (--list-models); as `vllm serve MODEL`")
+    ap.add_argument("--model", dest="model", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--tensor-parallel-size", "-tp", "--tp", dest="tp", type=int, default=1, metavar="N",
+                    help="the engine's tensor parallel size (shards the MoE intermediate size and the dense layers)")
+    ap.add_argument("--data-parallel-size", "-dp", dest="dp", type=int, default=1, metavar="N",
+                    help="the engine's data parallel size: vLLM shards the MoE layers over tp x dp ranks")
+    ap.add_argument("--enable-expert-parallel", action="store_true",
+                    help="as vLLM's: the MoE layers' tp x dp ranks each hold whole experts instead of a slice of every expert")
+    ap.add_argument("--ep", type=int, default=1, metavar="N",
+                    help="explicit expert parallel size of the MoE layers (overrides the vLLM-style computation)")
+    ap.add_argument("--max-num-batched-tokens", "--max-num-tokens", dest="max_num_tokens", type=int, default=8192, metavar="N",
+                    help="the engine's max_num_batched_tokens: it sizes the kernels, so it must match the engine's (default 8192)")
+    ap.add_argument("--dtype", choices=("auto", "bfloat16", "float16", "half"), default="auto",
+                    help="the engine's activation dtype (vLLM's --dtype): the dense GEMMs' output dtype (default: the checkpoint's)")
+    ap.add_argument("--m", type=parse_ms, default=None, help="token counts to cover, e.g. 1-8,16,128 (default 1..max-num-batched-tokens)")
     ap.add_argument("--target", default=config.text("target"), help="device profile to compile for (no GPU needed)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--dry-run", action="store_true", help="list the kernels, compile nothing")
-    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
-    ap.add_argument("--verify", action="store_true", help="on the real GPU: dispatch every m again and report compiles")
     ap.add_argument("--functional", action="store_true",
                     help="flashinfer >= 0.7.4: the keys of the functional b12x_fused_moe path (and the wrapper without "
                          "CUDA graphs) for every workspace size those m can meet, instead of the CUDA-graph wrapper's")
@@ -451,11 +535,47 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-autotune", dest="autotune", action="store_false",
                     help="the engine does not autotune flashinfer (vLLM: enable_flashinfer_autotune=False, -O0): plan "
                          "only the dense GEMM's default tactics, not every tactic the tuner runs")
-    ap.add_argument("--list-models", action="store_true", help="list bundled model configs")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="cute-diskcache-prewarm", description="Fill the cute-diskcache before the engine starts.")
+    add_plan_arguments(ap)
+    add_run_arguments(ap)
+    ap.add_argument("--root", metavar="DIR", help="cache root to fill (default: as the serving process resolves it)")
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    ap.add_argument("-v", "--verbose", action="count", default=0, help=argparse.SUPPRESS)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--worker-shape", help=argparse.SUPPRESS)
     ap.add_argument("--worker-dense", help=argparse.SUPPRESS)
     return ap
+
+
+def add_run_arguments(ap: argparse.ArgumentParser) -> None:
+    """What prewarm does with the plan (``cute-diskcache prewarm`` adds these and the plan's;
+    ``--root``, ``--json`` and ``-v`` are the CLI's global options there)."""
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compile workers (default: one per CPU)")
+    ap.add_argument("--dry-run", action="store_true", help="list the kernels, compile nothing")
+    ap.add_argument("--verify", action="store_true", help="on the real GPU: dispatch every m again and report compiles")
+    ap.add_argument("--list-models", action="store_true", help="list bundled model configs")
+
+
+def moe_parallelism(args: argparse.Namespace) -> tuple[int, int]:
+    """(tp, ep) of the MoE layers, as vLLM's ``FusedMoEParallelConfig.make`` derives them: over
+    tp x dp ranks, sliced (tp) or, with ``--enable-expert-parallel``, whole experts (ep).
+    An explicit ``--ep`` keeps prewarm's older meaning: tp slices and ep experts."""
+    tp, dp, ep = args.tp, getattr(args, "dp", 1), args.ep
+    if tp < 1 or dp < 1 or ep < 1:
+        raise _models().ModelConfigError("--tensor-parallel-size, --data-parallel-size and --ep must be >= 1")
+    if ep > 1:
+        return tp, ep
+    world = tp * dp
+    return (1, world) if getattr(args, "enable_expert_parallel", False) and world > 1 else (world, 1)
+
+
+def _models() -> Any:
+    from . import models
+
+    return models
 
 
 def _shapes(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
@@ -468,10 +588,14 @@ def _shapes(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
     moe = dense = None
     notes: list[str] = []
     if models.is_moe(cfg) or not args.dense:
-        moe = models.moe_shape(args.model, tp=args.tp, ep=args.ep)
+        moe_tp, moe_ep = moe_parallelism(args)
+        moe = models.moe_shape(args.model, tp=moe_tp, ep=moe_ep)
     if args.dense:
         try:
             dense = models.dense_shape(args.model, tp=args.tp)
+            dtype = getattr(args, "dtype", "auto")
+            if dtype != "auto":
+                dense = dataclasses.replace(dense, out_dtype="float16" if dtype in ("float16", "half") else "bfloat16")
         except (models.ModelConfigError, models.UnsupportedModelError) as exc:
             if moe is None:
                 raise
@@ -482,58 +606,52 @@ def _shapes(args: argparse.Namespace) -> tuple[Any, Any, list[str]]:
     return moe, dense, notes
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.worker:
-        return worker_main(args)
-    from . import models
+class PlanRefused(Exception):
+    """The model, flags or stack cannot be planned (exit 2): one line that says why."""
 
-    if args.list_models:
-        print("\n".join(models.bundled()))
-        return 0
+
+def resolve(args: argparse.Namespace) -> tuple[Any, Any, list[str], list[int]]:
+    """(MoE shape or None, dense layers or None, notes, m values) for the plan flags of
+    :func:`add_plan_arguments`; :class:`PlanRefused` when they cannot be planned."""
+    from . import models, targets
+
     if not args.model:
-        print("error: --model is required (try --list-models)", file=sys.stderr)
-        return EXIT_UNSUPPORTED
-    from . import targets
-
+        raise PlanRefused("which model? give MODEL, as to `vllm serve MODEL` (bundled names: --list-models)")
     refusal = targets.refusal(args.target)
     if refusal is not None:
-        print(f"error: {refusal}", file=sys.stderr)
-        return EXIT_UNSUPPORTED
+        raise PlanRefused(refusal)
     try:
         shape, dense, notes = _shapes(args)
     except (models.ModelConfigError, models.UnsupportedModelError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_UNSUPPORTED
+        raise PlanRefused(str(exc)) from None
     ms = args.m or list(range(1, args.max_num_tokens + 1))
     if max(ms) > args.max_num_tokens:
-        print(f"error: m={max(ms)} exceeds --max-num-tokens {args.max_num_tokens}", file=sys.stderr)
-        return EXIT_UNSUPPORTED
+        raise PlanRefused(f"m={max(ms)} exceeds --max-num-batched-tokens {args.max_num_tokens}")
     if args.functional and shape is None:
-        print("error: --functional plans the MoE path; this model has no MoE layers", file=sys.stderr)
-        return EXIT_UNSUPPORTED
-    if args.verify:
-        return verify(shape, ms, args, dense)
+        raise PlanRefused("--functional plans the MoE path; this model has no MoE layers")
+    return shape, dense, notes, ms
 
-    from .activation import install
 
+def stack_refusal() -> str | None:
+    """Why this flashinfer + DSL cannot compile these kernels (the matrix proved it), or None."""
     from .flashinfer_sites import compat
 
-    if compat.refusal():  # the matrix shows this flashinfer + DSL cannot compile these kernels
-        print(f"error: cute-diskcache refuses {compat.refusal()}", file=sys.stderr)
-        return EXIT_UNSUPPORTED
-    t0 = time.perf_counter()
-    install(target=args.target)
-    pool = None if args.dry_run else start_workers(shape, args, args.jobs, dense)
-    from tqdm import tqdm
+    return f"cute-diskcache refuses {compat.refusal()}" if compat.refusal() else None
+
+
+def plan_model(args: argparse.Namespace, shape: Any, dense: Any, ms: list[int], *, quiet: bool = False) -> dict[str, Kernel]:
+    """Every kernel the model needs for these m (MoE, then dense), as serving will ask for them,
+    with progress bars on stderr unless ``quiet``. The cache must be installed (:func:`.install`)
+    and this process must not serve afterwards. :class:`PlanRefused` when flashinfer refuses the
+    configuration or requests no kernel we cover."""
+    from .progress import bar
 
     name = (shape or dense).model
     kernels: dict[str, Kernel] = {}
     try:
         # Its own line from the start: importing flashinfer takes seconds before the first m.
         if shape is not None:
-            with tqdm(total=None if args.functional else len(ms), desc="planning MoE", unit="m", disable=args.json,
-                      file=sys.stderr, leave=True) as planning_bar:
+            with bar(None if args.functional else len(ms), "planning MoE", "m", disable=quiet) as planning_bar:
                 kernels.update(plan(shape, ms, args.max_num_tokens, args.functional, progress=planning_bar))
         if dense is not None:
             from . import prewarm_dense
@@ -541,28 +659,78 @@ def main(argv: list[str] | None = None) -> int:
             def new_kernel(digest: str, kind: str, key: Any, recipe: dict[str, Any]) -> Kernel:
                 return Kernel(digest, kind, key=key, group="dense", call=recipe)
 
-            with tqdm(total=None, desc="planning dense", unit="call", disable=args.json, file=sys.stderr,
-                      leave=True) as planning_bar:
+            with bar(None, "planning dense", "calls", disable=quiet) as planning_bar:
                 dense_kernels: dict[str, Kernel] = {}
                 prewarm_dense.plan(dense, ms, args.max_num_tokens, args.autotune, new_kernel, dense_kernels,
                                    after_call=tick(planning_bar, dense_kernels))
                 kernels.update(dense_kernels)
     except NotImplementedError as exc:  # flashinfer's own refusal, e.g. EP on 0.6.x
-        _stop(pool)
-        print(f"error: flashinfer cannot serve {name} this way: {exc}", file=sys.stderr)
-        return EXIT_UNSUPPORTED
+        raise PlanRefused(f"flashinfer cannot serve {name} this way: {exc}") from None
     if not kernels:
-        _stop(pool)
         quant = (shape or dense).quant_mode
-        print(f"error: flashinfer requested no kernel cute-diskcache covers for {name} "
-              f"(quant {quant}); nothing to prewarm", file=sys.stderr)
+        raise PlanRefused(f"flashinfer requested no kernel cute-diskcache covers for {name} (quant {quant}); nothing to prewarm")
+    return kernels
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.worker:
+        return worker_main(args)
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Prewarm as parsed by :func:`build_parser` or ``cute-diskcache prewarm`` (same flags);
+    ``--root`` is the cache root for this run and its workers."""
+    root = getattr(args, "root", None)
+    if root:
+        previous = os.environ.get("CUTE_DISKCACHE_DIR")
+        os.environ["CUTE_DISKCACHE_DIR"] = str(Path(root).expanduser())
+        try:
+            return _run(args)
+        finally:
+            if previous is None:
+                os.environ.pop("CUTE_DISKCACHE_DIR", None)
+            else:
+                os.environ["CUTE_DISKCACHE_DIR"] = previous
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from . import models
+
+    if args.list_models:
+        print("\n".join(models.bundled()))
+        return 0
+    try:
+        shape, dense, notes, ms = resolve(args)
+    except PlanRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    if args.verify:
+        return verify(shape, ms, args, dense)
+
+    from .activation import install
+
+    if stack_refusal():  # the matrix shows this flashinfer + DSL cannot compile these kernels
+        print(f"error: {stack_refusal()}", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    t0 = time.perf_counter()
+    install(target=args.target)
+    pool = None if args.dry_run else start_workers(shape, args, args.jobs, dense)
+    try:
+        kernels = plan_model(args, shape, dense, ms, quiet=args.json)
+    except PlanRefused as exc:
+        _stop(pool)
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_UNSUPPORTED
     mark_cached(kernels)
     if not args.dry_run:
+        from .progress import bar
+
         missing = [k for k in kernels.values() if k.status == "planned"]
-        with tqdm(total=len(missing), desc="compiling", unit="kernel", disable=args.json or not missing,
-                  file=sys.stderr) as bar:
-            compile_missing(missing, shape, args, bar, pool, dense)
+        with bar(len(missing), "compiling", "kernels", disable=args.json or not missing) as compiling:
+            compile_missing(missing, shape, args, compiling, pool, dense)
     summary = _summary(kernels, time.perf_counter() - t0)
     summary["model"] = shape.as_dict() if shape is not None else None
     summary["dense_layers"] = dense.as_dict() if dense is not None else None
@@ -574,7 +742,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["kernel_list"] = [{"digest": k.digest, "kind": k.kind, "group": k.group, "ms": k.ms, "status": k.status,
                                    "native": k.native, "recipe": list(k.recipe) if k.group == "moe" else k.call}
                                   for k in kernels.values()]
-        print(json.dumps(summary, indent=1))
+        print(json.dumps({"schema": JSON_SCHEMA, **summary}, indent=1))
     else:
         _print_table(shape, dense, kernels, summary, args.dry_run, notes)
     return EXIT_FAILED if summary["failed"] else 0
@@ -610,9 +778,17 @@ def verify(shape: Any, ms: list[int], args: argparse.Namespace, dense: Any = Non
     native = [e for r in records for e in r.get("native", [])]  # flashinfer's own cache (0.6.18+)
     native_compiles = sum(1 for e in native if e["outcome"] == "miss")
     counters = default_cache().counters
-    print(json.dumps({"m": len(ms), "hits": counters.hits, "compiles": counters.compiles,
-                      "native_hits": len(native) - native_compiles, "native_compiles": native_compiles}))
-    return EXIT_FAILED if counters.compiles or native_compiles else 0
+    result = {"m": len(ms), "hits": counters.hits, "compiles": counters.compiles,
+              "native_hits": len(native) - native_compiles, "native_compiles": native_compiles}
+    gap = bool(counters.compiles or native_compiles)
+    if args.json:
+        print(json.dumps({"schema": JSON_SCHEMA, **result}))
+    else:
+        print(f"verified {len(ms)} batch sizes on this GPU: {counters.hits} disk hits, {counters.compiles} compiles"
+              + (f"; flashinfer's own cache: {result['native_hits']} hits, {native_compiles} compiles" if native else ""))
+        print("every kernel came from the cache" if not gap else
+              "GAP: serving would compile the kernels counted above; prewarm with the engine's exact flags")
+    return EXIT_FAILED if gap else 0
 
 
 if __name__ == "__main__":

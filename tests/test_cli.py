@@ -77,7 +77,11 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
-    rc, out = run(capsys, *argv, "--json")
+    """A command's JSON: a result on stdout, or a refusal on stderr (stdout then empty)."""
+    rc = cli.main([*argv, "--json"])
+    out, err = capsys.readouterr()
+    if rc == 2 and not out:
+        return rc, json.loads(err)
     return rc, json.loads(out)
 
 
@@ -135,7 +139,7 @@ def test_zero_forgets_statistics_but_not_entries(root: Path, three: dict[str, Pa
     assert rc == 0 and "zeroed" in out
     data = run_json(capsys, "stats")[1]
     assert data["total"]["hits"] == 0 and data["total"]["entries"] == 3
-    assert run_json(capsys, "zero")[1] == {"root": str(root), "zeroed": True}
+    assert run_json(capsys, "zero")[1] == {"schema": 1, "root": str(root), "zeroed": True}
 
 
 def test_stats_on_an_absent_root(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -154,10 +158,13 @@ def test_list_table_sort_and_filter(root: Path, three: dict[str, Path], capsys: 
     rc, out = run(capsys, "list")
     assert rc == 0
     body = out.splitlines()
-    assert body[0].split() == ["digest", "namespace", "kind", "key", "size", "created", "used", "compile"]
+    assert body[0].split() == ["digest", "site", "key", "size", "used", "compile"]
+    assert max(map(len, body)) <= 100, "readable in 100 columns"
     for kind, d in three.items():
-        row = next(ln for ln in body if ln.startswith(d.name[:12]))
-        assert f" {kind} " in row and "('" + kind in row and "2.00 s" in row
+        row = next(ln for ln in body if ln.strip().startswith(d.name[:12]))
+        assert f"moe_dispatch.{kind} " in row and f" {kind} " in row and "('" not in row and "2.0 s" in row
+        assert "just now" in row
+    assert sum(1 for ln in body if ln.startswith(three["micro"].parent.parent.name)) == 1, "one line per namespace"
     assert "4 entries" in out
 
     rc, data = run_json(capsys, "list", "--sort", "size")

@@ -1,7 +1,9 @@
 """``cute-diskcache`` / ``python -m cute_diskcache``: the operator's view of the cache.
 
-Subcommands, ccache style (every one takes ``--json``):
+Subcommands, ccache style; the global options ``--root DIR``, ``--json`` and ``-v`` go before or
+after the subcommand, and ``--version`` prints the versions that key the cache:
 
+  prewarm MODEL         fill the cache before the engine starts (vLLM's flags: -tp, --max-num-batched-tokens...)
   stats                 hits, misses, compile time saved, size / max size, per namespace
   zero                  zero the statistics
   list                  one line per entry (``--namespace``, ``--sort size|created|used``)
@@ -14,7 +16,7 @@ Subcommands, ccache style (every one takes ``--json``):
                         ``--to-remote`` / ``--from-remote``: the same with the remote tier
   info / demo / doctor  where the cache is / cold vs warm engine start (no GPU needed) / site coverage
 
-Each command group is one module (:mod:`.statistics`, :mod:`.entries`, :mod:`.cleanup`,
+Each command group is one module (:mod:`.warm`, :mod:`.statistics`, :mod:`.entries`, :mod:`.cleanup`,
 :mod:`.transfer`, :mod:`.about`) that parses, calls the library and prints; the policy lives in
 the library (:mod:`~cute_diskcache.inventory`, :mod:`~cute_diskcache.staleness`,
 :mod:`~cute_diskcache.housekeeping`...).
@@ -31,29 +33,56 @@ from typing import Callable
 from .. import inventory
 from ..gpu import arch_runs_on
 from ..layout import ROOT_DIRS
-from . import about, cleanup, entries, statistics, transfer
-from .common import CliError, parse_duration
+from . import about, cleanup, entries, statistics, transfer, warm
+from .common import CliError, global_options, parse_duration
+from .output import print_json_error
 
 __all__ = ["CliError", "ROOT_DIRS", "arch_runs_on", "build_parser", "main", "parse_duration"]
+
+
+def version_text() -> str:
+    """``cute-diskcache --version``: ours, and the flashinfer / DSL / torch the cache keys on,
+    read from the installed metadata (importing flashinfer would take seconds)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from .._version import __version__
+
+    def installed(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "not installed"
+
+    return (f"cute-diskcache {__version__}\n"
+            + "".join(f"{name} {installed(name)}\n" for name in ("flashinfer-python", "nvidia-cutlass-dsl", "torch"))).rstrip()
+
+
+class _Version(argparse.Action):
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print the versions and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: object) -> None:
+        print(version_text())
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="cute-diskcache",
-        description="The operator's view of the cute-diskcache: statistics, entries, checks, clean-up, bundles.",
+        description="The operator's view of the cute-diskcache: prewarm, statistics, entries, checks, clean-up, bundles.",
         epilog="The root is $CUTE_DISKCACHE_DIR, else flashinfer's cache dir (see 'cute-diskcache info').",
+        parents=[global_options(subcommand=False)],
     )
-    ap.add_argument("--root", help="cache root to operate on (default: as the serving process resolves it)")
-    ap.add_argument("-v", "--verbose", action="count", default=0, help="show the library's log lines (-vv: debug)")
+    ap.add_argument("--version", action=_Version)
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    after = global_options(subcommand=True)
 
     def add(name: str, fn: Callable[[argparse.Namespace], int], help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help, description=help)
-        p.add_argument("--json", action="store_true", help="machine-readable output")
+        p = sub.add_parser(name, help=help, description=help, parents=[after])
         p.set_defaults(fn=fn)
         return p
 
-    for group in (statistics, entries, cleanup, transfer, about):
+    for group in (warm, statistics, entries, cleanup, transfer, about):
         group.register(add)
     return ap
 
@@ -100,9 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.fn(args))
     except _user_errors() as exc:
         if getattr(args, "json", False):
-            from .output import print_json
-
-            print_json({"error": str(exc)})
+            print_json_error(str(exc))
         else:
             print(f"cute-diskcache {args.cmd}: {exc}", file=sys.stderr)
         return 2

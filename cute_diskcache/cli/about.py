@@ -39,14 +39,27 @@ def cmd_info(args: argparse.Namespace) -> int:
         print_json(info)
     else:
         for k, v in info.items():
-            print(f"{k:<12} {v}")
+            print(f"{k.replace('_', ' '):<14}{_words(v)}")
     return 0
+
+
+def _words(value: Any) -> str:
+    """A setting as the README writes it: yes / no / none, never Python's True / False / None."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value)) or "none"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "none"
+    return str(value)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .. import doctor
 
-    return doctor.main((["--json"] if args.json else []) + (["--strict"] if args.strict else []))
+    return doctor.main((["--json"] if args.json else []) + (["--strict"] if args.strict else []) + (["--all"] if args.all else []))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -54,7 +67,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     refusal = targets.refusal(args.target)
     if refusal is not None:
         raise CliError(refusal)
-    root = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="cute-diskcache-demo-"))
+    chosen = args.root  # --root DIR (or the old --dir DIR); else a temporary root
+    root = Path(chosen).expanduser() if chosen else Path(tempfile.mkdtemp(prefix="cute-diskcache-demo-"))
     say = (lambda *a, **k: None) if args.json else print
     try:
         say(
@@ -94,17 +108,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("same kernel ABI cold and warm: " + ("yes" if ok else "NO"))
         return 0 if ok else 1
     finally:
-        if not args.dir and not args.keep:
+        if not chosen and not args.keep:
             shutil.rmtree(root, ignore_errors=True)
 
 
 def register(add: Add) -> None:
     p = add("doctor", cmd_doctor, "every sm12x MoE compile site of the installed flashinfer and who persists it")
     p.add_argument("--strict", action="store_true", help="exit 1 if any site is persisted by nothing")
+    p.add_argument("--all", action="store_true", help="list every site, not only the sm12x ones")
     add("info", cmd_info, "where the cache is and what it is keyed on")
-    p = add("demo", cmd_demo, "cold vs warm engine start on a target profile (no GPU needed)")
+    p = add("demo", cmd_demo, "cold vs warm engine start on a target profile (no GPU needed); "
+                               "--root DIR: the demo's cache root (default: a temporary one, removed afterwards)")
     p.add_argument("--target", default="rtx-pro-6000")
     p.add_argument("--shape", default=demo.DEMO_SHAPE, help="experts,top_k,hidden,intermediate")
     p.add_argument("--m", type=int, nargs="+", default=list(demo.DEMO_MS))
-    p.add_argument("--dir", default=None, help="cache root to use (default: a temporary one)")
+    # The cache root is the global --root here too (default for the demo: a temporary one,
+    # removed afterwards); --dir was its name before.
+    p.add_argument("--dir", dest="root", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--keep", action="store_true", help="keep the temporary cache root")

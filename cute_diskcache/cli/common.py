@@ -10,8 +10,25 @@ from typing import Callable, Iterator
 
 from .. import config
 
-#: ``add(name, handler, help)``: a subcommand with ``--json``; each command module registers with it.
+#: ``add(name, handler, help)``: a subcommand with the global options (``--root``, ``--json``,
+#: ``-v``); each command module registers with it.
 Add = Callable[[str, Callable[[argparse.Namespace], int], str], argparse.ArgumentParser]
+
+
+def global_options(*, subcommand: bool) -> argparse.ArgumentParser:
+    """``--root``, ``--json`` and ``-v``, accepted before the subcommand and after it (as git,
+    ccache and kubectl take them). The main parser sets the defaults; a subcommand's copy has
+    none (``SUPPRESS``), so a value given before the subcommand is not overwritten by its default."""
+    p = argparse.ArgumentParser(add_help=False)
+    g = p.add_argument_group("global options")
+    quiet: dict[str, object] = {"default": argparse.SUPPRESS} if subcommand else {}
+    g.add_argument("--root", metavar="DIR", help="cache root to operate on (default: as the serving process resolves it)",
+                   **({"default": None} | quiet))
+    g.add_argument("--json", action="store_true", help="machine-readable output (a JSON object with \"schema\": 1)",
+                   **({"default": False} | quiet))
+    g.add_argument("-v", "--verbose", action="count", help="show the library's log lines (-vv: debug)",
+                   **({"default": 0} | quiet))
+    return p
 
 
 class CliError(Exception):

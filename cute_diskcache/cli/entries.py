@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from .. import config, entry, inventory, layout
 from .common import Add, CliError, counting, refuse_if_readonly, root_of
-from .output import fmt_size, fmt_time, print_json, shorten, table
+from .output import fmt_ago, fmt_size, fmt_time, print_json, readable_key, shorten, table
 
 _SORTS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "size": lambda r: -r["bytes"],
@@ -31,23 +31,38 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no entries under {root}")
         return 0
-    lines = [
-        (
-            r["digest"][:12],
-            r["namespace"],
-            r["kind"],
-            shorten(r["key"], args.key_width) if r["status"] == "ok" else f"[{shorten(r['status'], args.key_width - 2)}]",
-            fmt_size(r["bytes"]),
-            fmt_time(r["created"]),
-            fmt_time(r["last_used"]),
-            f"{r['compile_seconds']:.2f} s",
-        )
-        for r in rows
-    ]
-    print(table(("digest", "namespace", "kind", "key", "size", "created", "used", "compile"), lines, right=(4, 7)))
+    print(_list_table(rows, args.key_width))
     total = sum(r["bytes"] for r in rows)
-    print(f"\n{len(rows)} entries, {fmt_size(total)}")
+    print(f"\n{len(rows)} entries, {fmt_size(total)}  (cute-diskcache show DIGEST: one entry in full; --json: every field)")
     return 0
+
+
+#: The width ``list`` fits in (an 80-100 column terminal, a CI log) unless --key-width asks more.
+LIST_WIDTH = 100
+
+
+def _site(r: dict[str, Any]) -> str:
+    return shorten(str(r["site"]).removeprefix("flashinfer."), 26)
+
+
+def _list_table(rows: list[dict[str, Any]], key_width: int | None) -> str:
+    """Entries grouped under their namespace (the flashinfer / DSL / arch they were built for),
+    one line each: digest, the compile site, the key's values as words, size, last use as an age."""
+    cells = [(r["digest"][:12], _site(r), fmt_size(r["bytes"]), fmt_ago(r["last_used"]), f"{r['compile_seconds']:.1f} s")
+             for r in rows]
+    fixed = 2 + sum(max(len(h), *(len(c[i]) for c in cells)) + 2 for i, h in enumerate(("digest", "site", "size", "used", "compile")))
+    width = key_width if key_width is not None else max(16, LIST_WIDTH - fixed)
+    keys = [shorten(readable_key(r["key"]), width) if r["status"] == "ok" else f"[{shorten(r['status'], width - 2)}]" for r in rows]
+    lines = table(("digest", "site", "key", "size", "used", "compile"),
+                  [(c[0], c[1], k, c[2], c[3], c[4]) for c, k in zip(cells, keys)], right=(3, 5)).splitlines()
+    out = ["  " + lines[0]]
+    by_ns: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):  # the namespaces in the order of their first row (the --sort order)
+        by_ns.setdefault(r["namespace"], []).append(i)
+    for ns, members in by_ns.items():
+        out.append(f"{ns}  ({len(members)} entries)")
+        out += ["  " + lines[i + 1] for i in members]
+    return "\n".join(out)
 
 
 def _pretty(value: Any, indent: int = 0) -> list[str]:
@@ -155,7 +170,7 @@ def register(add: Add) -> None:
     p = add("list", cmd_list, "one line per entry")
     p.add_argument("--namespace", action="append", help="only this namespace (a prefix is enough; repeatable)")
     p.add_argument("--sort", choices=sorted(_SORTS), help="largest / newest / most recently used first")
-    p.add_argument("--key-width", type=int, default=48, help="characters of the key shown (default 48)")
+    p.add_argument("--key-width", type=int, default=None, help=f"characters of the key shown (default: what fits in {LIST_WIDTH} columns)")
     p = add("show", cmd_show, "one entry's manifest; --mlir / --cubin FILE for its payloads")
     p.add_argument("digest", help="the entry's digest; a unique prefix is enough")
     g = p.add_mutually_exclusive_group()

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import re
+import sys
+import time
 from typing import Any, Sequence
 
 from ..config import format_size
@@ -19,6 +22,31 @@ def fmt_size(n: float) -> str:
 
 def fmt_time(ts: float) -> str:
     return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M") if ts else "-"
+
+
+def fmt_ago(ts: float, now: float | None = None) -> str:
+    """How long ago, as a person says it ("3 h ago"); a date past two months; "-" for never."""
+    if not ts:
+        return "-"
+    age = (time.time() if now is None else now) - ts
+    if age < 0:
+        return "just now" if age > -60 else fmt_time(ts)  # another host's clock, a little ahead
+    for limit, unit, size in ((60, "s", 1), (3600, "min", 60), (86400, "h", 3600), (61 * 86400, "d", 86400)):
+        if age < limit:
+            return "just now" if unit == "s" and age < 5 else f"{age // size:.0f} {unit} ago"
+    return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d")
+
+
+_TUPLE_NOISE = re.compile(r"[()'\"]|torch\.")
+
+
+def readable_key(key_repr: str) -> str:
+    """A site key's repr as words: ``('micro', 128, (128, 128), torch.int32)`` -> ``micro 128 128x128 int32``.
+
+    The repr is all a manifest keeps (the key itself holds torch dtypes); inner pairs become
+    ``AxB`` and the quotes, brackets and module prefixes go, so the values can be read and grepped."""
+    text = re.sub(r"\((\d+), (\d+)\)", r"\1x\2", key_repr.strip())
+    return " ".join(part for part in _TUPLE_NOISE.sub("", text).split(", ") if part != "")
 
 
 def fmt_count(v: float) -> str:
@@ -57,5 +85,19 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+#: The version of every JSON document the commands print (``"schema": 1`` at the top level):
+#: raised when a field is removed or changes meaning, so scripts can refuse what they do not know.
+SCHEMA = 1
+
+
+def with_schema(data: Any) -> Any:
+    return {"schema": SCHEMA, **data} if isinstance(data, dict) else data
+
+
 def print_json(data: Any) -> None:
-    print(json.dumps(jsonable(data), indent=2, sort_keys=False, default=str))
+    print(json.dumps(jsonable(with_schema(data)), indent=2, sort_keys=False, default=str))
+
+
+def print_json_error(message: str) -> None:
+    """A refusal in ``--json`` mode: a JSON object on stderr, so stdout holds only results."""
+    print(json.dumps({"schema": SCHEMA, "error": message}), file=sys.stderr)
