@@ -126,6 +126,114 @@ def _fi074_site(name: str) -> Callable[[], dict[str, Any]]:
     return go
 
 
+#: The W4A16 MoE kernels (``moe_w4a16_kernel.compile_w4a16_*``) for Qwen3-30B-A3B's layer at m=4,
+#: with the arguments ``run_w4a16_moe`` derives. That op asks ``torch.cuda`` for the card before
+#: it compiles, so the CPU drives flashinfer's compile functions themselves (fake tensors, as
+#: flashinfer compiles them); up to 0.6.16 they compile in place, on 0.6.17 through
+#: ``moe_w4a16_compiler.compile`` (both inline sites of ``cute_diskcache/flashinfer_sites/inline.py``).
+W4A16_SITES = ("w4a16_gemm", "w4a16_fused_moe", "w4a16_activation", "w4a16_topk_sum")
+W4A16_M = 4
+
+
+def _w4a16_site(name: str) -> Callable[[], dict[str, Any]]:
+    def go() -> dict[str, Any]:
+        result, seen = _recorded_compile(lambda: _w4a16_compile(name))
+        error = _launch_like_compile(result.compiled, seen[-1]) if seen else "no compile reached the cache"
+        return {"kinds": {}, "error": error}
+
+    return go
+
+
+def _w4a16_compile(name: str) -> Any:
+    """One of ``moe_w4a16_kernel``'s compile functions, with the arguments ``run_w4a16_moe`` gives it."""
+    from flashinfer.fused_moe.cute_dsl.blackwell_sm12x import moe_w4a16_host as host
+    from flashinfer.fused_moe.cute_dsl.blackwell_sm12x import moe_w4a16_kernel as k
+
+    from cute_diskcache import targets
+
+    profile = targets.active()
+    sms, smem = profile.sm_count, profile.max_shared_memory_per_block_optin
+    experts, topk, hidden, inter = DISPATCH_SHAPE
+    m = W4A16_M
+    block = host.select_route_block_size_m(m, topk, experts)
+    # the most route blocks m*topk routes pack into when every expert's run is padded to a block
+    max_m_blocks = -(-(m * topk + experts * (block - 1)) // block)
+    if name == "w4a16_gemm":
+        tile_k, tile_n, _, _ = k._select_tile_config(problem_m=m, problem_n=2 * inter, problem_k=hidden, top_k=topk,
+                                                     moe_block_size=block, sms=sms, max_shared_mem=smem)
+        return k.compile_w4a16_gemm(size_m=m, size_n=2 * inter, size_k=hidden, num_experts=experts, top_k=topk,
+                                    mul_topk_weights=False, tile_n=tile_n, tile_k=tile_k, moe_block_size=block,
+                                    max_m_blocks=max_m_blocks)
+    if name == "w4a16_fused_moe":
+        return k.compile_w4a16_fused_moe(size_m=m, hidden_size=hidden, intermediate_size=inter, num_experts=experts,
+                                         top_k=topk, activation="silu", apply_router_weight_on_input=False,
+                                         zero_fc2_output=False, moe_block_size=block, max_m_blocks=max_m_blocks,
+                                         sms=sms, max_shared_mem=smem)
+    if name == "w4a16_activation":
+        return k.compile_w4a16_activation(rows=m * topk, intermediate_size=inter, activation="silu")
+    return k.compile_w4a16_topk_sum(m=m, topk=topk, hidden_size=hidden)
+
+
+def _recorded_compile(run: Callable[[], Any]) -> tuple[Any, list[Any]]:
+    """``run()``, and the arguments of the compile it sent through the cache (hit or miss)."""
+    from cute_diskcache.flashinfer_sites import _common
+
+    seen: list[Any] = []
+    real = _common.through_cache
+
+    def recording(site: Any, call: Any, compile_fn: Any) -> Any:
+        seen.append(call.args)
+        return real(site, call, compile_fn)
+
+    _common.through_cache = recording
+    try:
+        return run(), seen
+    finally:
+        _common.through_cache = real
+
+
+def _launch_like_compile(compiled: Any, compile_args: tuple[Any, ...]) -> str | None:
+    """Launch ``compiled`` with what it was compiled against: CPU tensors (uninitialised) of
+    each fake tensor's type and extents, the scalars as they were, the current stream. Without
+    a GPU the launch fails; the error is what a compiled and a loaded kernel must both reach."""
+    import torch
+    from flashinfer.cute_dsl.utils import current_cuda_stream, cutlass_to_torch_dtype
+
+    args: list[Any] = []
+    for a in compile_args[1:]:  # [0] is the kernel object
+        if type(a).__name__ == "_FakeTensor":
+            args.append(torch.empty(tuple(int(x) for x in a.shape), dtype=cutlass_to_torch_dtype(a.element_type)))
+        elif "stream" in type(a).__name__.lower():
+            args.append(current_cuda_stream())
+        else:
+            args.append(a)
+    try:
+        compiled(*args)
+    except Exception as exc:  # no GPU: expected, recorded
+        return f"{type(exc).__name__}: {str(exc)[:6000]}"
+    return None
+
+
+def _dense_gemm_site() -> dict[str, Any]:
+    """0.6.12/0.6.13's b12x dense FP4 GEMM (``dense_gemm``, exported by ``flashinfer.gemm``) on CPU
+    tensors: it compiles against fake pointers, then the launch fails without a GPU."""
+    import torch
+    from flashinfer.gemm.kernels.dense_blockscaled_gemm_sm120_b12x import dense_gemm
+
+    from cute_diskcache import targets
+
+    m, n, k = 16, 1024, 2048  # one decode batch through a 2048 -> 1024 NVFP4 layer
+    a, b = torch.zeros((m, k // 2, 1), dtype=torch.uint8), torch.zeros((n, k // 2, 1), dtype=torch.uint8)
+    sfa, sfb = torch.zeros((m, k // 16, 1), dtype=torch.uint8), torch.zeros((n, k // 16, 1), dtype=torch.uint8)
+    try:
+        dense_gemm((a, sfa), (b, sfb), ab_dtype="float4_e2m1fn", sf_dtype="float8_e4m3fn", c_dtype="bfloat16",
+                   sf_vec_size=16, sm_count=targets.active().sm_count)
+        error = None
+    except Exception as exc:  # the launch without a GPU: expected, recorded
+        error = f"{type(exc).__name__}: {str(exc)[:6000]}"
+    return {"kinds": {}, "error": error}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", default="rtx-pro-6000")
@@ -148,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     drivers: dict[str, Callable[[], dict[str, Any]]] = {
         **{kind: _dispatcher_site(dispatchers, DISPATCH_SHAPE, m) for kind, m in DISPATCH_M.items()},
         "direct_micro": _dispatcher_site(dispatchers, DIRECT_MICRO_SHAPE, 1),
+        **{name: _w4a16_site(name) for name in W4A16_SITES},
+        "b12x_dense_gemm": _dense_gemm_site,
     }
     cache = default_cache()
     sites: dict[str, Any] = {}

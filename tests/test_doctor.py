@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cute_diskcache import doctor
-from cute_diskcache.flashinfer_sites import scan
+from cute_diskcache.flashinfer_sites import inline, scan
 
 FI_VERSION = "0.6.15.post1"
 M = ""  # MoE-package sites keep their name relative to blackwell_sm12x/ (what compat_matrix keys on)
@@ -40,16 +40,15 @@ def installed_report() -> dict:
     return scan.sites_report()
 
 
-def test_0_6_15_moe_dispatch_and_b12x_gemm_are_ours_and_w4a16_sites_are_nobodys(installed_report: dict) -> None:
+def test_0_6_15_moe_dispatch_b12x_gemm_and_w4a16_sites_are_ours(installed_report: dict) -> None:
     status = _status(installed_report, "sm12x")
     gdn = "gdn_kernels/delta_rule_dsl/custom_compile_cache.py:cached_compile"  # an inline site (flashinfer_sites/inline.py)
-    assert {s for s, st in status.items() if st == "cute-diskcache"} == MOE_DISPATCH_SITES | {B12X_FP4, gdn}
-    # 0.6.15.post1's W4A16 kernels compile with a plain cute.compile that neither we nor
-    # flashinfer persist: reported as such, not hidden.
-    assert {s for s, st in status.items() if st == "nothing"} == W4A16_SITES
+    # 0.6.15.post1's W4A16 kernels compile with a plain cute.compile: inline sites (issue 22)
+    assert {s for s, st in status.items() if st == "cute-diskcache"} == MOE_DISPATCH_SITES | {B12X_FP4, gdn} | W4A16_SITES
+    assert {s for s, st in status.items() if st == "nothing"} == set()
     paths = {s["path"] for s in installed_report["sites"] if s["file"] == "moe_dispatch.py"}
     assert paths == {f"{scan.MOE_BASE}/moe_dispatch.py"}  # and the package-relative path beside it
-    assert installed_report["summary"] == {"cute-diskcache": 5, "flashinfer": 0, "nothing": 4}
+    assert installed_report["summary"] == {"cute-diskcache": 9, "flashinfer": 0, "nothing": 0}
     assert installed_report["missing_adapter_sites"] == []
     assert installed_report["generation"].startswith("0.6.12-0.6.17")
     # The whole package is scanned; what is not sm12x is counted apart, never judged.
@@ -232,12 +231,15 @@ def test_native_sites_count_as_nothing_when_flashinfer_cache_is_off(tmp_path: Pa
 
 
 def test_the_same_tree_on_a_0_6_version_uses_that_generation(tmp_path: Path) -> None:
-    """Coverage is per version: under 0.6.15 only moe_dispatch's own cute.compile sites are ours."""
+    """Coverage is per version: under 0.6.15 moe_dispatch's own cute.compile sites are v0_6's and
+    a direct micro kernel compiled in place is the inline hook's (as 0.6.17's is), not v0_7's proxy."""
     files = {"moe_dispatch.py": "import cutlass.cute as cute\n\ndef _get_micro_kernel(k):\n    cache_key = k\n    return cute.compile(k)\n",
              "moe_direct_micro_kernel.py": NEW_RELEASE["moe_direct_micro_kernel.py"]}
-    status = _status(scan.sites_report(_tree(tmp_path, files), "0.6.15.post1"))
-    assert status == {f"{M}moe_dispatch.py:_get_micro_kernel": "cute-diskcache",
-                      f"{M}moe_direct_micro_kernel.py:compile_direct_micro_kernel": "nothing"}
+    report = scan.sites_report(_tree(tmp_path, files), "0.6.15.post1")
+    assert _status(report) == {f"{M}moe_dispatch.py:_get_micro_kernel": "cute-diskcache",
+                               f"{M}moe_direct_micro_kernel.py:compile_direct_micro_kernel": "cute-diskcache"}
+    micro = next(s for s in report["sites"] if s["function"] == "compile_direct_micro_kernel")
+    assert micro["note"] == inline.NOTE
 
 
 def test_render_json_round_trips(installed_report: dict) -> None:

@@ -2,7 +2,8 @@
 
 Some sm12x kernels are compiled in the middle of an op or a kernel runner (MSA's proxy score,
 sparse decode and prefill; block-sparse attention; KDA prefill; GDN decode; the frost
-low-latency MoE; the expert-parallel MoE's reduce and megakernels). They share no compile
+low-latency MoE; the expert-parallel MoE's reduce and megakernels; on 0.6.12-0.6.17 the W4A16
+MoE kernels, 0.6.17's direct micro kernel and 0.6.12/0.6.13's b12x dense GEMM). They share no compile
 helper, several import ``cutlass.cute`` inside the function (no module global to proxy), and the
 expert-parallel kernels are imported from a ``sys.path`` entry under names outside
 ``flashinfer.*``. So they are not patched one module at a time: the DSL's own
@@ -61,12 +62,20 @@ class Inline:
     #: Code imported through a ``sys.path`` entry (not as ``flashinfer.*``): the directory, under
     #: flashinfer's package, whose every ``.py`` file joins the fingerprint.
     tree: str | None = None
+    #: The first release where this function no longer compiles in place (None: none yet): from
+    #: there on it calls a compile wrapper that is the site, or :mod:`.v0_7` serves that wrapper.
+    before: tuple[int, ...] | None = None
+
+    def applies(self, version: str) -> bool:
+        return self.before is None or _common.version_tuple(version)[:3] < self.before
 
 
 _EP = "moe_ep/kernel_src/sm120"
 _SPLIT = f"{_EP}/split_cutedsl_megakernel"
 _SWAPAB = f"{_EP}/swapab_cutedsl_megakernel"
 _KDA = "kda_kernels/sm120_prefill"
+_MOE = "fused_moe/cute_dsl/blackwell_sm12x"
+_W4A16 = f"{_MOE}/moe_w4a16_kernel.py"
 
 SITES = (
     Inline("msa_ops/proxy_score.py", "msa_proxy_score", "msa_proxy_score", "msa"),
@@ -97,6 +106,21 @@ SITES = (
            "moe-ep", _SWAPAB),
     Inline(f"{_SWAPAB}/src/moe_sm120_mxfp8_swapab/topk_reduce.py", "compile_topk_reduce", "ep_mxfp8_topk_reduce",
            "moe-ep", _SWAPAB),
+    # The W4A16 MoE kernels compile in place up to 0.6.16; from 0.6.17 through the memoising
+    # wrapper below, which from 0.6.18 on :mod:`.v0_7` replaces (one kernel, one entry). All take
+    # the site name v0_7 gives that wrapper's kernels; the key tells them apart (site, kernel, tensors).
+    Inline(_W4A16, "compile_w4a16_gemm", "w4a16", "moe_w4a16_compiler", before=(0, 6, 17)),
+    Inline(_W4A16, "compile_w4a16_fused_moe", "w4a16", "moe_w4a16_compiler", before=(0, 6, 17)),
+    Inline(_W4A16, "compile_w4a16_activation", "w4a16", "moe_w4a16_compiler", before=(0, 6, 17)),
+    Inline(_W4A16, "compile_w4a16_topk_sum", "w4a16", "moe_w4a16_compiler", before=(0, 6, 17)),
+    Inline(f"{_MOE}/moe_w4a16_compiler.py", "compile", "w4a16", "moe_w4a16_compiler", before=(0, 6, 18)),
+    # 0.6.17's direct micro MoE kernel (from 0.6.18 :mod:`.v0_7`'s proxy serves it), with its
+    # block-dim probe answer stored beside it (:func:`_direct_micro_site`).
+    Inline(f"{_MOE}/moe_direct_micro_kernel.py", "compile_direct_micro_kernel", "direct_micro", "moe_direct_micro_kernel",
+           before=(0, 6, 18)),
+    # 0.6.12/0.6.13's b12x dense GEMM getter (``functools.cache``; it returns a closure around the
+    # kernel, so the getter's result cannot be stored: the compile inside it is). Gone in 0.6.14.
+    Inline("gemm/kernels/dense_blockscaled_gemm_sm120_b12x.py", "_get_compiled_dense_gemm", "b12x_dense_gemm", "gemm"),
 )
 _BY_WHERE = {(s.file, s.function): s for s in SITES}
 #: What ``doctor`` says of these sites.
@@ -104,10 +128,16 @@ NOTE = "compiled inline; keyed by everything the compile receives (an argument i
 _MARKER = "_cdc_inline"
 
 
-def covered(package_dir: Path) -> dict[tuple[str, str], str]:
-    """(file, function) -> kind for the sites the installed release defines (by name in its file)."""
+def covered(package_dir: Path, version: str | None = None) -> dict[tuple[str, str], str]:
+    """(file as the site scan names it, function) -> kind for the sites the release defines (by name
+    in its file) and compiles in place (:attr:`Inline.before`; default: the installed release)."""
+    from .scan import table_name
+
+    version = version or _common.flashinfer_version()
     out = {}
     for s in SITES:
+        if not s.applies(version):
+            continue
         path = package_dir / s.file
         name = s.function.rpartition(".")[2]
         try:
@@ -115,7 +145,7 @@ def covered(package_dir: Path) -> dict[tuple[str, str], str]:
         except OSError:
             continue
         if f"def {name}(" in text:
-            out[(s.file, s.function)] = s.kind
+            out[(table_name(s.file), s.function)] = s.kind
     return out
 
 
@@ -427,7 +457,30 @@ def _site(site: Inline) -> Site:
                 env_kind=f"flashinfer-{site.family}", env=_environment)
 
 
-_SITE_RECORDS = {s: _site(s) for s in SITES}
+def _direct_micro_site(site: Inline) -> Site:
+    """0.6.17's direct micro kernel: ``moe_dispatch`` probes every kernel it gets for the block
+    size it can launch, which a loaded kernel cannot answer (flashinfer's probe then says no and
+    turns the backend off). As :mod:`.v0_7` does from 0.6.18, the answer is stored beside the
+    kernel and the probe, hooked in ``moe_dispatch`` as the kernel is handed over, reads it."""
+    from . import v0_7
+
+    def with_kernel(call: Call) -> Call:  # v0_7's helpers read the kernel object from the frame
+        return dataclasses.replace(call, locals={**call.locals, "kernel": call.args[0]})
+
+    def extra(kernel: Any, call: Call) -> dict[str, Any]:
+        return {**_extra(kernel, call), **v0_7._block_dim_extra(kernel, with_kernel(call))}
+
+    def deliver(kernel: Any, extra: dict[str, Any], call: Call) -> None:
+        dispatch = sys.modules.get(v0_7.MOE_DISPATCH)
+        if dispatch is not None:
+            v0_7._hook_block_dim_probe(dispatch)
+        v0_7._deliver_block_dim(kernel, extra, with_kernel(call))
+
+    return dataclasses.replace(_site(site), extra=extra, deliver=deliver,
+                               extra_ok=lambda extra: _extra_ok(extra) and v0_7._block_dim_ok(extra))
+
+
+_SITE_RECORDS = {s: _direct_micro_site(s) if s.kind == "direct_micro" else _site(s) for s in SITES}
 
 
 # --------------------------------------------------------------------------------------------
@@ -478,7 +531,8 @@ class _Dispatch:
 
 def _lookup(code: types.CodeType) -> Inline | None:
     where = _where(code)
-    return _BY_WHERE.get(where) if where is not None else None
+    site = _BY_WHERE.get(where) if where is not None else None
+    return site if site is not None and site.applies(_common.flashinfer_version()) else None
 
 
 _CODES: dict[types.CodeType, Inline | None] = {}

@@ -297,7 +297,7 @@ def _table(version: str, native_ours: bool, package_dir: Path | None) -> dict[tu
     if v0_6.applies(version) or v0_7.applies(version):
         table.update(gemm.COVERED)
         table.update(getters.covered(package_dir) if package_dir is not None else {})
-        table.update(inline.covered(package_dir) if package_dir is not None else {})
+        table.update(inline.covered(package_dir, version) if package_dir is not None else {})
     if v0_7.applies(version) and native_ours:
         table.update(native.COVERED)
     return table
@@ -325,7 +325,7 @@ def classify(found: list[Found], version: str, *, package_dir: Path | None = Non
     site whose ``site_checks`` found problems is passed through, so it is nothing's too.
     """
     table = _table(version, native_ours, package_dir)
-    inline_sites = set(inline.covered(package_dir)) if package_dir is not None else set()
+    inline_sites = set(inline.covered(package_dir, version)) if package_dir is not None else set()
     unverified = site_checks is not None and not compat.verified(version)
 
     def problems(file: str, function: str) -> list[str]:
@@ -418,7 +418,7 @@ def sites_report(package_dir: Path | None = None, version: str | None = None) ->
     found = classify(scan(package_dir), version, package_dir=package_dir, native_disabled=native_disabled, native_ours=native_ours,
                      site_checks=checked["site_checks"])
     table = _table(version, native_ours, package_dir)
-    inline_sites = set(inline.covered(package_dir))
+    inline_sites = set(inline.covered(package_dir, version))
     present = {(f.file, f.function) for f in found}
     groups = summarize(found)
     summary = {s: groups[known.SM12X_ARCH][s] for s in (COVERED_BY_US, NATIVE, NOTHING)}
