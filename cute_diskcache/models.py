@@ -84,7 +84,8 @@ def _hf_config(repo_id: str) -> str:
         from huggingface_hub import hf_hub_download
         from huggingface_hub.errors import LocalEntryNotFoundError
     except ImportError as exc:
-        raise ModelConfigError(f"resolving {repo_id!r} needs huggingface_hub: {exc}") from None
+        raise ModelConfigError(f"resolving the repo id {repo_id!r} needs huggingface_hub>=0.25 ({exc}): "
+                               "pip install 'cute-diskcache[prewarm]', or give a local directory / config.json") from None
     try:
         return str(hf_hub_download(repo_id, "config.json", local_files_only=True))
     except LocalEntryNotFoundError:
