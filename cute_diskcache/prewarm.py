@@ -705,16 +705,14 @@ def _run(args: argparse.Namespace) -> int:
     try:
         shape, dense, notes, ms = resolve(args)
     except PlanRefused as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_UNSUPPORTED
+        return refuse(args, str(exc))
     if args.verify:
         return verify(shape, ms, args, dense)
 
     from .activation import install
 
     if stack_refusal():  # the matrix shows this flashinfer + DSL cannot compile these kernels
-        print(f"error: {stack_refusal()}", file=sys.stderr)
-        return EXIT_UNSUPPORTED
+        return refuse(args, str(stack_refusal()))
     t0 = time.perf_counter()
     install(target=args.target)
     pool = None if args.dry_run else start_workers(shape, args, args.jobs, dense)
@@ -722,8 +720,7 @@ def _run(args: argparse.Namespace) -> int:
         kernels = plan_model(args, shape, dense, ms, quiet=args.json)
     except PlanRefused as exc:
         _stop(pool)
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_UNSUPPORTED
+        return refuse(args, str(exc))
     mark_cached(kernels)
     if not args.dry_run:
         from .progress import bar
@@ -754,8 +751,7 @@ def verify(shape: Any, ms: list[int], args: argparse.Namespace, dense: Any = Non
     import torch
 
     if args.target or not torch.cuda.is_available():
-        print("error: --verify runs flashinfer for real and needs the target GPU (and no --target)", file=sys.stderr)
-        return EXIT_UNSUPPORTED
+        return refuse(args, "--verify runs flashinfer for real and needs the target GPU (and no --target)")
     from .activation import install
     from .cache import default_cache
 
@@ -778,17 +774,32 @@ def verify(shape: Any, ms: list[int], args: argparse.Namespace, dense: Any = Non
     native = [e for r in records for e in r.get("native", [])]  # flashinfer's own cache (0.6.18+)
     native_compiles = sum(1 for e in native if e["outcome"] == "miss")
     counters = default_cache().counters
-    result = {"m": len(ms), "hits": counters.hits, "compiles": counters.compiles,
-              "native_hits": len(native) - native_compiles, "native_compiles": native_compiles}
-    gap = bool(counters.compiles or native_compiles)
-    if args.json:
+    return report_verify({"m": len(ms), "hits": counters.hits, "compiles": counters.compiles,
+                          "native_hits": len(native) - native_compiles, "native_compiles": native_compiles},
+                         as_json=args.json, native=bool(native))
+
+
+def report_verify(result: dict[str, int], *, as_json: bool, native: bool = False) -> int:
+    """``--verify``'s verdict: words, or one JSON object with ``--json``; exit 1 on any compile."""
+    gap = bool(result["compiles"] or result["native_compiles"])
+    if as_json:
         print(json.dumps({"schema": JSON_SCHEMA, **result}))
     else:
-        print(f"verified {len(ms)} batch sizes on this GPU: {counters.hits} disk hits, {counters.compiles} compiles"
-              + (f"; flashinfer's own cache: {result['native_hits']} hits, {native_compiles} compiles" if native else ""))
+        print(f"verified {result['m']} batch sizes on this GPU: {result['hits']} disk hits, {result['compiles']} compiles"
+              + (f"; flashinfer's own cache: {result['native_hits']} hits, {result['native_compiles']} compiles" if native else ""))
         print("every kernel came from the cache" if not gap else
               "GAP: serving would compile the kernels counted above; prewarm with the engine's exact flags")
     return EXIT_FAILED if gap else 0
+
+
+def refuse(args: argparse.Namespace, message: str) -> int:
+    """A plan or configuration prewarm cannot serve: one line on stderr (with ``--json``, a JSON
+    object there, ``"schema"`` and ``"error"``, so stdout holds only results); exit 2."""
+    if getattr(args, "json", False):
+        print(json.dumps({"schema": JSON_SCHEMA, "error": message}), file=sys.stderr)
+    else:
+        print(f"error: {message}", file=sys.stderr)
+    return EXIT_UNSUPPORTED
 
 
 if __name__ == "__main__":

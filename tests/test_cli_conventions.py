@@ -255,3 +255,22 @@ def test_prewarm_help_names_the_engine_flags(tmp_path: Path) -> None:
     missing = [f for f in ("MODEL", "--max-num-batched-tokens", "--tensor-parallel-size", "-tp", "--data-parallel-size",
                            "--enable-expert-parallel", "--dtype", "--root", "--json") if f not in proc.stdout]
     assert not missing, proc.stdout
+
+
+def test_prewarm_verify_prints_json_only_when_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--verify``'s verdict (the dispatch itself needs the GPU): words by default, JSON with --json."""
+    clean = {"m": 64, "hits": 72, "compiles": 0, "native_hits": 0, "native_compiles": 0}
+    assert prewarm.report_verify(clean, as_json=False) == 0
+    words = capsys.readouterr().out
+    assert "72 disk hits, 0 compiles" in words and "{" not in words
+    assert prewarm.report_verify({**clean, "compiles": 3}, as_json=True) == 1
+    assert json.loads(capsys.readouterr().out) == {"schema": 1, **clean, "compiles": 3}
+
+
+def test_prewarm_refusal_in_json_mode_goes_to_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "--json", "--root", str(tmp_path), "prewarm", "qwen3-30b-a3b-bf16", "--target", TARGET, "--dry-run")
+    assert rc == 2 and out == ""
+    refusal = json.loads(err.strip().splitlines()[-1])
+    assert refusal["schema"] == 1 and "NVFP4" in refusal["error"]
+    rc, out, err = run(capsys, "--root", str(tmp_path), "prewarm", "qwen3-30b-a3b-bf16", "--target", TARGET, "--dry-run")
+    assert rc == 2 and out == "" and err.startswith("error: ")
