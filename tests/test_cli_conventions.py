@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -274,3 +275,21 @@ def test_prewarm_refusal_in_json_mode_goes_to_stderr(tmp_path: Path, capsys: pyt
     assert refusal["schema"] == 1 and "NVFP4" in refusal["error"]
     rc, out, err = run(capsys, "--root", str(tmp_path), "prewarm", "qwen3-30b-a3b-bf16", "--target", TARGET, "--dry-run")
     assert rc == 2 and out == "" and err.startswith("error: ")
+
+
+def test_engine_flags_change_the_planned_shapes() -> None:
+    """-tp / -dp / --enable-expert-parallel shard the MoE layers as vLLM does; --dtype is the dense GEMMs' output."""
+    ap = prewarm.build_parser()
+
+    def shapes(*argv: str) -> tuple[Any, Any]:
+        moe, dense, _notes = prewarm._shapes(ap.parse_args(["qwen3-30b-a3b", *argv]))
+        return moe, dense
+
+    moe, dense = shapes()
+    assert (moe.intermediate_size, moe.num_local_experts, dense.out_dtype) == (768, 128, "bfloat16")
+    moe, _ = shapes("-tp", "2", "-dp", "2")
+    assert (moe.intermediate_size, moe.num_local_experts) == (768 // 4, 128)
+    moe, dense = shapes("-tp", "2", "-dp", "2", "--enable-expert-parallel")
+    assert (moe.intermediate_size, moe.num_local_experts) == (768, 128 // 4)
+    assert dense.linears == shapes("-tp", "2")[1].linears, "the dense layers follow tp alone"
+    assert shapes("--dtype", "float16")[1].out_dtype == "float16"
