@@ -71,6 +71,12 @@ CHILD_SITES = {
     "moe_direct_micro_kernel.py:compile_direct_micro_kernel": ("direct_micro", "flashinfer.moe_direct_micro_kernel.direct_micro", "direct_micro"),
     "moe_fp8_gemm.py:compiled_kernel": ("fp8_gemm", "flashinfer.moe_fp8_gemm.fp8_gemm", None),
     "moe_nvfp4_w4a4.py:run_moe_w4a4": ("w4a4", "flashinfer.moe_nvfp4_w4a4.w4a4", None),
+    # Inline sites of 0.6.12-0.6.17 (issue 22): driven through flashinfer's own compile functions.
+    "moe_w4a16_kernel.py:compile_w4a16_gemm": ("w4a16_gemm", "flashinfer.moe_w4a16_compiler.w4a16", None),
+    "moe_w4a16_kernel.py:compile_w4a16_fused_moe": ("w4a16_fused_moe", "flashinfer.moe_w4a16_compiler.w4a16", None),
+    "moe_w4a16_kernel.py:compile_w4a16_activation": ("w4a16_activation", "flashinfer.moe_w4a16_compiler.w4a16", None),
+    "moe_w4a16_kernel.py:compile_w4a16_topk_sum": ("w4a16_topk_sum", "flashinfer.moe_w4a16_compiler.w4a16", None),
+    "gemm/kernels/dense_blockscaled_gemm_sm120_b12x.py:_get_compiled_dense_gemm": ("b12x_dense_gemm", "flashinfer.gemm.b12x_dense_gemm", None),
 }
 SITE_ORDER = [v[0] for v in CHILD_SITES.values()]
 
