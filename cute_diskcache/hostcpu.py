@@ -60,3 +60,32 @@ def missing(recorded: list[str] | tuple[str, ...]) -> list[str]:
         # Entries written before the intrinsic-only filter list those extensions too.
         recorded = [f for f in recorded if _codegen_relevant(f)]
     return sorted(set(recorded) - here)
+
+
+#: The extensions a build CPU may have without narrowing where its entries load: what common
+#: serving CPUs all have. x86-64-v3 (the psABI's level: AVX2, BMI1/2, F16C, FMA, LZCNT, MOVBE
+#: over v2's SSE4.2, SSSE3, POPCNT, CX16) is what every x86 host of a Blackwell GPU has (Intel
+#: since Haswell, AMD since Zen 1, Intel's E-core Xeons included) and the level RHEL 10 and
+#: other distributions build for; ADX is added because every CPU of that list has it too
+#: (Broadwell and later, every Zen), so naming it would warn on every build box for no host.
+#: Not in it: AVX-512 (Zen 2/3 EPYC and the E-core Xeon 6 lack it), AVX-VNNI, GFNI, VAES and the
+#: like, which Sapphire Rapids or Zen 4 build boxes have and many serving hosts do not.
+#: Names as /proc/cpuinfo spells them (``abm`` is LZCNT there).
+X86_64_V3 = frozenset({
+    "sse", "sse2",  # v1 (cmov, cx8, fxsr, mmx... are not ISA names we record)
+    "cx16", "popcnt", "sse4_1", "sse4_2", "ssse3",  # v2 (sse3 is "pni", lahf_lm: not recorded)
+    "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "lzcnt", "movbe",  # v3
+})
+BASELINE = X86_64_V3 | {"adx"}
+BASELINE_NAME = "x86-64-v3 (the common serving baseline)"
+
+
+def beyond_baseline(extensions: tuple[str, ...] | list[str] | None = None) -> list[str]:
+    """This CPU's (or ``extensions``') recorded extensions that common serving CPUs lack
+    (:data:`BASELINE`): a build box with any of them makes entries those hosts cannot use.
+    Empty off x86 (no baseline is defined there: aarch64 build and serving hosts are usually
+    the same Grace or Neoverse part) and where the CPU cannot be read."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return []
+    have = isa_extensions() if extensions is None else extensions
+    return sorted(f for f in have if _codegen_relevant(f) and f not in BASELINE)

@@ -735,6 +735,9 @@ def _run(args: argparse.Namespace) -> int:
     summary["target"] = args.target
     summary["functional"] = args.functional
     summary["autotune"] = args.autotune
+    if not args.dry_run:
+        summary["written"] = where_written(kernels)
+        summary["host_cpu_beyond_baseline"] = _cpu_extras()
     if args.json:
         summary["kernel_list"] = [{"digest": k.digest, "kind": k.kind, "group": k.group, "ms": k.ms, "status": k.status,
                                    "native": k.native, "recipe": list(k.recipe) if k.group == "moe" else k.call}
@@ -742,6 +745,8 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps({"schema": JSON_SCHEMA, **summary}, indent=1))
     else:
         _print_table(shape, dense, kernels, summary, args.dry_run, notes)
+        if not args.dry_run:
+            print_next_steps(summary["written"], summary["host_cpu_beyond_baseline"], argv_of_plan(args))
     return EXIT_FAILED if summary["failed"] else 0
 
 

@@ -15,6 +15,7 @@ after the subcommand, and ``--version`` prints the versions that key the cache:
   export / import       one bundle file of verified entries, to bake into images;
                         ``--to-remote`` / ``--from-remote``: the same with the remote tier
   info / demo / doctor  where the cache is / cold vs warm engine start (no GPU needed) / site coverage
+  check MODEL           a deploy gate: every kernel MODEL needs (prewarm's flags) cached and usable here?
 
 Each command group is one module (:mod:`.warm`, :mod:`.statistics`, :mod:`.entries`, :mod:`.cleanup`,
 :mod:`.transfer`, :mod:`.about`) that parses, calls the library and prints; the policy lives in
@@ -33,7 +34,7 @@ from typing import Callable
 from .. import inventory
 from ..gpu import arch_runs_on
 from ..layout import ROOT_DIRS
-from . import about, cleanup, entries, statistics, transfer, warm
+from . import about, check, cleanup, entries, statistics, transfer, warm
 from .common import CliError, global_options, parse_duration
 from .output import print_json_error
 
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(fn=fn)
         return p
 
-    for group in (warm, statistics, entries, cleanup, transfer, about):
+    for group in (warm, check, statistics, entries, cleanup, transfer, about):
         group.register(add)
     return ap
 

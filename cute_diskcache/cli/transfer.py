@@ -92,6 +92,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         evicted = eviction.enforce(root)
     out = report.as_dict()
     out["evicted"] = len(evicted)
+    foreign = _not_for_this_install(root, report.header)
+    out["not_for_this_install"] = foreign
     if args.json:
         print_json(out)
         return 0 if report.ok else 1
@@ -112,7 +114,26 @@ def cmd_import(args: argparse.Namespace) -> int:
         print(f"BAD entry {b['digest'][:12]} ({b['namespace']}): {b['reason']}")
     for r in report.rejected:
         print(f"REFUSED member {r['member']}: {r['reason']}")
+    if foreign:
+        print(f"WARNING: {len(foreign)} of the bundle's namespaces do not match this install; their entries will not be used here:")
+        for f in foreign:
+            print(f"  {f['entries']:>5}  {f['namespace']}: {f['reason']}")
     return 0 if report.ok else 1
+
+
+def _not_for_this_install(root: Path, header: dict[str, Any]) -> list[dict[str, Any]]:
+    """The namespaces a bundle brought (its header lists them) that no process here can hit:
+    another flashinfer or DSL, machine, entry format, or an arch other than this host's
+    (its target profile, else its GPU; not compared when neither is known)."""
+    from .. import coverage
+
+    namespaces = header.get("namespaces")
+    if not isinstance(namespaces, dict):
+        return []
+    arch, _source = coverage.host_arch()
+    found = coverage.foreign_namespaces(root, [str(ns) for ns in namespaces], arch)
+    count = lambda ns: n if isinstance(n := namespaces.get(ns), int) else 0  # noqa: E731  (the header is the bundle's word)
+    return [{**f, "entries": count(f["namespace"])} for f in found]
 
 
 def register(add: Add) -> None:

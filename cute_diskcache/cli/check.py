@@ -1,0 +1,137 @@
+"""``check``: a deploy gate. Does the cache hold, usable on this host, every kernel a model needs?
+
+Plans the model exactly as ``prewarm --dry-run`` does (the same flags, the same code:
+:func:`~cute_diskcache.prewarm.plan_model`), then asks for each planned kernel what a serving
+process here would find (:func:`~cute_diskcache.coverage.inspect`: trust, seal, signature, key,
+arch, environment, host CPU, device facts, checksums), reading only. Exit 0 when every kernel
+would be a hit; 1 with a table of what is missing or unusable and why; 2 when the model or the
+flags cannot be planned. The planning imports flashinfer and drives it in this process with the
+cache read-only (``CUTE_DISKCACHE_READONLY``), so not even a statistics file is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shlex
+import sys
+from typing import Any, Iterator
+
+from .. import config, coverage, prewarm
+from .common import Add, CliError, root_of
+from .output import print_json, table
+
+
+@contextlib.contextmanager
+def _read_only_settings(root: str) -> Iterator[None]:
+    """The settings a serving process would read, pointed at ``root``, with writes off (the
+    planning attaches the cache as an engine does: it must not make a statistics file)."""
+    from ..cache import reset_default_cache
+
+    names = ("CUTE_DISKCACHE_DIR", config.env_name("readonly"))
+    saved = {n: os.environ.get(n) for n in names}
+    os.environ.update({names[0]: root, names[1]: "1"})
+    reset_default_cache()
+    try:
+        yield
+    finally:
+        for n, v in saved.items():
+            if v is None:
+                os.environ.pop(n, None)
+            else:
+                os.environ[n] = v
+        reset_default_cache()
+
+
+def _where(k: prewarm.Kernel, dense: Any) -> str:
+    """The batch sizes (MoE) or the layer call (dense) that request a kernel."""
+    ms = sorted(set(k.ms))
+    span = f"m {ms[0]}" if len(ms) == 1 else f"m {ms[0]}..{ms[-1]} ({len(ms)})"
+    if k.group == "dense" and k.call and dense is not None:
+        lin = dense.linears[int(k.call["linear"])]
+        tactic = k.call.get("tactic")
+        return f"{span} {lin.name} {lin.n}x{lin.k}" + (f" tactic {''.join(str(tactic).split())}" if tactic is not None else "")
+    return span
+
+
+def judge(kernels: dict[str, prewarm.Kernel], dense: Any = None) -> list[dict[str, Any]]:
+    """One row per planned kernel: what a serving process on this host would find."""
+    from ..cache import default_cache
+
+    store = default_cache().store
+    rows = []
+    for k in kernels.values():
+        if k.native:  # flashinfer's own cache: planning asked it
+            found = coverage.Finding(coverage.OK) if k.status == "cached" else coverage.Finding(
+                coverage.MISSING, "not in flashinfer's own cache (native site)")
+        elif k.key is None:
+            found = coverage.Finding(coverage.MISSING, "planned without a key")
+        else:
+            found = coverage.inspect(store, k.key)
+        rows.append({"kernel": k.kind, "group": k.group, "digest": k.digest, "site": getattr(k.key, "site", None),
+                     "namespace": k.key.env.namespace if k.key is not None else None, "where": _where(k, dense),
+                     "ms": sorted(set(k.ms)), "status": found.status, "why": found.why, "cpu_lacks": found.cpu_lacks,
+                     "found_in": found.found_in})
+    return rows
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    root, source = root_of(args)
+    try:
+        shape, dense, notes, ms = prewarm.resolve(args)
+    except prewarm.PlanRefused as exc:
+        raise CliError(str(exc)) from None
+    refusal = prewarm.stack_refusal()
+    if refusal:
+        raise CliError(refusal)
+    from ..activation import install
+
+    with _read_only_settings(str(root)):
+        install(target=args.target)
+        try:
+            kernels = prewarm.plan_model(args, shape, dense, ms, quiet=args.json)
+        except prewarm.PlanRefused as exc:
+            raise CliError(str(exc)) from None
+        rows = judge(kernels, dense)
+    bad = [r for r in rows if r["status"] != coverage.OK]
+    counts = {s: sum(1 for r in rows if r["status"] == s) for s in (coverage.OK, coverage.MISSING, coverage.UNUSABLE)}
+    lacks = sorted({f for r in rows for f in r["cpu_lacks"]})
+    model = (shape or dense).model
+    if args.json:
+        print_json({"root": str(root), "root_source": source, "model": model, "target": args.target, "notes": notes,
+                    "ok": not bad, "counts": counts, "host_cpu_lacks": lacks, "kernels": rows})
+        return 1 if bad else 0
+    on = f"target {args.target}" if args.target else "this host's GPU"
+    if not bad:
+        print(f"ok: {'all ' if len(rows) > 1 else ''}{_n(len(rows), 'kernel')} {model} needs ({', '.join(_kinds(rows))}) "
+              f"{'are' if len(rows) > 1 else 'is'} cached and usable on {on}, under {root}")
+        return 0
+    print(table(("kernel", "digest", "batch", "status", "why"),
+                [(f"{r['group']}/{r['kernel']}", r["digest"][:12], r["where"], r["status"], r["why"]) for r in bad]))
+    print(f"\nFAILED: {len(bad)} of {_n(len(rows), 'kernel')} {model} needs on {on} would compile when served from {root} "
+          f"({counts[coverage.MISSING]} missing, {counts[coverage.UNUSABLE]} unusable)")
+    if lacks:
+        print(f"this host's CPU lacks {', '.join(lacks)}: prewarm on a CPU like this one (see prewarm's note on the build CPU)")
+    if counts[coverage.MISSING]:
+        print(f"fix: CUTE_DISKCACHE_DIR={shlex.quote(str(root))} cute-diskcache-prewarm {shlex.join(prewarm.argv_of_plan(args))}")
+    for note in notes:
+        print(f"({note})", file=sys.stderr)
+    return 1
+
+
+def _n(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _kinds(rows: list[dict[str, Any]]) -> list[str]:
+    kinds: dict[str, int] = {}
+    for r in rows:
+        kinds[r["kernel"]] = kinds.get(r["kernel"], 0) + 1
+    return [f"{n} {kind}" for kind, n in kinds.items()]
+
+
+def register(add: Add) -> None:
+    p = add("check", cmd_check, "does the cache hold every kernel a model needs, usable on this host? (exit 0 / 1)")
+    prewarm.add_plan_arguments(p)
+
