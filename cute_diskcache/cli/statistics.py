@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from .. import config, eviction, inventory
-from .common import Add, refuse_if_readonly, root_of
+from .common import Add, CliError, refuse_if_readonly, root_of
 from .output import fmt_count, fmt_s, fmt_size, pairs, print_json, table
 
 _NS_COLUMNS = (
@@ -57,6 +58,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
     cap = eviction.max_size()
     out: dict[str, Any] = {"root": str(root), "root_source": source, "max_size": cap, "trust_refusal": inventory.trust_note(root),
                            "remote": remote_label(), **data}
+    if args.format == "prometheus":
+        if args.json:
+            raise CliError("--json and --format prometheus are two output formats: give one")
+        from .. import prometheus
+
+        sys.stdout.write(prometheus.render(str(root), data, max_size=cap, trust_refusal=out["trust_refusal"]))
+        return 0
     if args.json:
         print_json(out)
         return 0
@@ -108,5 +116,8 @@ def cmd_zero(args: argparse.Namespace) -> int:
 
 
 def register(add: Add) -> None:
-    add("stats", cmd_stats, "hits, misses, compile time saved, size / max size, per namespace")
+    p = add("stats", cmd_stats, "hits, misses, compile time saved, size / max size, per namespace")
+    p.add_argument("--format", choices=("text", "prometheus"), default="text",
+                   help="prometheus: the text exposition format, for node_exporter's textfile collector "
+                        "(write to a temporary name, then rename to *.prom)")
     add("zero", cmd_zero, "zero the statistics (entries stay)")
