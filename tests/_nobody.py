@@ -57,19 +57,26 @@ def can_run_as_others() -> str | None:
     return None
 
 
-def prefix(uid: int = NOBODY, gid: int | None = None, groups: Sequence[int] = (), *, stage: Path) -> list[str]:
+def prefix(uid: int = NOBODY, gid: int | None = None, groups: Sequence[int] = (), *, stage: Path, setup: str = "", umask: str | None = None) -> list[str]:
     """The command prefix that runs what follows as ``uid`` (``gid``, supplementary ``groups``),
-    with this interpreter reachable. ``stage``: an empty directory the bind mount passes through."""
+    with this interpreter reachable. ``stage``: an empty directory the bind mount passes through.
+    ``setup``: shell commands run as root in the child's mount namespace first (a read-only or a
+    tiny volume); ``umask``: the child's, as a container's entrypoint would set it."""
     ids = [f"--reuid={uid}", f"--regid={uid if gid is None else gid}"]
     ids += [f"--groups={','.join(map(str, groups))}"] if groups else ["--clear-groups"]
+    steps = [setup] if setup else []
     hidden = _unreachable_ancestor(Path(sys.prefix).resolve())
-    if hidden is None:
+    if hidden is not None:
+        keep = Path(sys.prefix).resolve().relative_to(hidden).parts[0]
+        steps.append(
+            f'mount --bind "{hidden / keep}" "{stage}" && mount -t tmpfs -o mode=755 tmpfs "{hidden}" && '
+            f'mkdir "{hidden / keep}" && mount --bind "{stage}" "{hidden / keep}"'
+        )
+    if umask is not None:
+        steps.append(f"umask {umask}")
+    if not steps:
         return ["setpriv", *ids, "--"]
-    keep = Path(sys.prefix).resolve().relative_to(hidden).parts[0]
-    script = (
-        f'mount --bind "{hidden / keep}" "{stage}" && mount -t tmpfs -o mode=755 tmpfs "{hidden}" && '
-        f'mkdir "{hidden / keep}" && mount --bind "{stage}" "{hidden / keep}" && exec setpriv {" ".join(ids)} -- "$@"'
-    )
+    script = " && ".join([*steps, f'exec setpriv {" ".join(ids)} -- "$@"'])
     return ["unshare", "-m", "sh", "-c", script, "sh"]
 
 
