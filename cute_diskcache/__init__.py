@@ -4,7 +4,8 @@ Public API (everything else is internal):
 
 * :func:`install` / :func:`uninstall` attach the cache to flashinfer's sm12x fused-MoE compiles;
 * :func:`cached_compile` persists any explicit ``cute.compile`` under a key you give;
-* :func:`counters` reports this process's hits, misses and compile seconds.
+* :func:`counters` reports this process's hits, misses and compile seconds;
+* :class:`CacheMissError` is what a miss raises under ``CUTE_DISKCACHE_ON_MISS=error``.
 
 Importing the package is cheap on purpose (the .pth bootstrap imports it at interpreter
 start): torch, the DSL and msgpack load only when a cache is actually used.
@@ -21,7 +22,16 @@ if TYPE_CHECKING:
 from ._version import __version__  # noqa: E402
 from .activation import install, uninstall  # noqa: E402
 
-__all__ = ["__version__", "install", "uninstall", "cached_compile", "counters"]
+__all__ = ["__version__", "install", "uninstall", "cached_compile", "counters", "CacheMissError"]
+
+
+def __getattr__(name: str) -> Any:
+    """``CacheMissError`` on first use: nothing more is imported at interpreter start."""
+    if name == "CacheMissError":
+        from .errors import CacheMissError
+
+        return CacheMissError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def cached_compile(fn: Callable[..., Any], *args: Any, key: Any, options: Any = None, **kwargs: Any) -> Any:

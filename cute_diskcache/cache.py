@@ -12,7 +12,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import config, devicefacts, entry, eviction, export, loader, locking, stats
+from . import config, devicefacts, entry, eviction, explain, export, loader, locking, report, stats
+from .errors import CacheMissError
 from .key import CacheKey
 from .store import Store
 
@@ -21,6 +22,21 @@ if TYPE_CHECKING:
     from .remote.client import RemoteCache
 
 log = logging.getLogger("cute_diskcache")
+
+#: CUTE_DISKCACHE_ON_MISS values; the first is the default. ``warn`` is ``compile`` under the name
+#: vLLM's ``--jit-monitor-mode warn`` uses: both compile, with a WARNING saying why it missed.
+ON_MISS_CHOICES = ("compile", "warn", "error")
+
+
+def on_miss_setting() -> str:
+    """``CUTE_DISKCACHE_ON_MISS``; a value we do not know is ``compile``, with a warning."""
+    raw = (config.text("on_miss") or "").lower()
+    if raw in ON_MISS_CHOICES:
+        return raw
+    if raw:
+        log.warning("ignoring %s=%r (expected one of %s); using %s", config.env_name("on_miss"), raw,
+                    "|".join(ON_MISS_CHOICES), ON_MISS_CHOICES[0])
+    return ON_MISS_CHOICES[0]
 
 
 @dataclass
@@ -72,6 +88,28 @@ class CompileCache:
         # the export + write a miss added on top of its compile.
         self.events: list[tuple[str, str, str, float, float]] = []
         self._lock = threading.Lock()
+        # compile | warn | error: what a miss does (read once: a process's policy does not change under it)
+        self.on_miss = on_miss_setting()
+        self.miss_level = logging.WARNING  # of the line each compile logs (why it missed)
+        self._announced = False
+        # digest -> why a verified entry was refused at this process's last lookup (load, extra)
+        self._refused: dict[str, BaseException] = {}
+
+    def _announce(self) -> None:
+        """The process-wide cache's attach line and exit summary (:mod:`.report`), once."""
+        if self._announced:
+            return
+        self._announced = True
+        if self is _default:
+            report.attached(self)
+
+    def for_prewarm(self) -> None:
+        """A prewarm worker's cache: compiling is its job, whatever ``CUTE_DISKCACHE_ON_MISS``
+        says; each compile is logged at DEBUG, and there is no attach line or exit summary
+        (prewarm reports for itself). Call before flashinfer is imported."""
+        self.on_miss = "compile"
+        self.miss_level = logging.DEBUG
+        self._announced = True
 
     def warm_up(self) -> float:
         """Do the once-per-process work now, at attach (engine start), not in the first request.
@@ -94,6 +132,7 @@ class CompileCache:
             loader.preload()
         except Exception as exc:  # only an optimisation: the first lookup does it again
             log.debug("warm-up skipped: %s", exc)
+        self._announce()
         return time.perf_counter() - t0
 
     def get_or_compile(
@@ -115,10 +154,16 @@ class CompileCache:
         A miss compiles under the key's single-flight lock when the store can write: once we
         hold it, whoever held it before us has finished, so the store is read again first.
         Housekeeping that a commit made due runs after the lock is released.
+
+        ``CUTE_DISKCACHE_ON_MISS=error`` (:attr:`on_miss`): a local miss raises
+        :class:`~.errors.CacheMissError` instead, before any lock, remote fetch or compile.
         """
+        self._announce()
         hit = self._try_hit(key, extra_ok=extra_ok)
         if hit is not None:
             return hit
+        if self.on_miss == "error":
+            self._refuse_to_compile(key)
         if not self.single_flight:
             hit = self._try_hit(key, remote=True, extra_ok=extra_ok) if self.remote is not None else None
             if hit is not None:
@@ -165,12 +210,16 @@ class CompileCache:
             manifest, data = found
             extra = manifest["extra"]
             if extra_ok is not None and not _accepts(extra_ok, extra):
-                self.store.note_refusal(self.store.entry_dir(key), entry.EntryError("extra", "its side data is not of the shape this version stores"))
+                why = entry.EntryError("extra", "its side data is not of the shape this version stores")
+                self._refused[key.digest] = why
+                self.store.note_refusal(self.store.entry_dir(key), why)
                 return None
             try:
                 kernel = self._load(key, found)
             except Exception as exc:  # the DSL refused bytes we verified: not for this process
-                self.store.note_refusal(self.store.entry_dir(key), entry.EntryError("load", f"{type(exc).__name__}: {exc}"))
+                why = entry.EntryError("load", f"{type(exc).__name__}: {exc}")
+                self._refused[key.digest] = why
+                self.store.note_refusal(self.store.entry_dir(key), why)
             else:
                 dt = time.perf_counter() - t0
                 ns = key.env.namespace
@@ -216,6 +265,8 @@ class CompileCache:
         # Ask the root once, before the compile: a read-only root warns now, and the root is
         # created with a private mode before the statistics write into it.
         self.store.probe_writable()
+        if log.isEnabledFor(self.miss_level):
+            log.log(self.miss_level, "compiling %s", report.describe_kernel(key, self._why(key)))
         t0 = time.perf_counter()
         with devicefacts.recording() as device, export.capturing() as objects:
             kernel = compile_fn()
@@ -252,7 +303,7 @@ class CompileCache:
                     self.remote.publish(key, self.store.entry_dir(key))  # write-behind: returns at once
         with self._lock:
             self.events.append((key.site, key.digest, "miss", seconds, time.perf_counter() - t_persist))
-        log.info(
+        log.debug(  # the WARNING before the compile said why; the exit summary adds up the seconds
             "miss %s %s: compiled in %.2f s%s",
             key.site,
             key.digest[:12],
@@ -260,6 +311,22 @@ class CompileCache:
             "" if wrote else " (not persisted)",
         )
         return kernel, extra
+
+
+    def _why(self, key: CacheKey) -> str:
+        return explain.why_missed(self.store, key, refused=self._refused.pop(key.digest, None))
+
+    def _refuse_to_compile(self, key: CacheKey) -> None:
+        """``CUTE_DISKCACHE_ON_MISS=error``: count the miss, say why, raise; nothing compiled, locked or written."""
+        why = self._why(key)
+        with self._lock:
+            self.counters.misses += 1
+            self.events.append((key.site, key.digest, "refused", 0.0, 0.0))
+        stats.record(key.env.namespace, "misses")
+        message = (f"CUTE_DISKCACHE_ON_MISS=error: not compiling {report.describe_kernel(key, why)} "
+                   f"(cache {self.store.root}; prewarm it, or set CUTE_DISKCACHE_ON_MISS=compile)")
+        log.error("%s", message)
+        raise CacheMissError(message, site=key.site, digest=key.digest, reason=why)
 
 
 def _accepts(extra_ok: Callable[[dict[str, Any]], bool], extra: dict[str, Any]) -> bool:

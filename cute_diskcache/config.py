@@ -186,6 +186,22 @@ SETTINGS_DOC: dict[str, tuple[str, str, str]] = {
         "with a CPU torch misses on the GPU box); flashinfer's cached_ops is then neither read nor written for them. "
         "flashinfer: flashinfer's own cache, as without cute-diskcache.",
     ),
+    "on_miss": (
+        "CUTE_DISKCACHE_ON_MISS",
+        "compile",
+        "What a kernel missing from the cache does in a serving process. compile: compile it (and store it), with one "
+        "WARNING naming the site, the kernel and why it missed. warn: the same (vLLM's --jit-monitor-mode word). error: "
+        "raise cute_diskcache.CacheMissError naming the kernel and why, compiling, locking and writing nothing (CI gates, "
+        "canaries, a baked image that must be complete); the remote tier is not asked.",
+    ),
+    "log_level": (
+        "CUTE_DISKCACHE_LOG_LEVEL",
+        "info",
+        "debug|info|warning|error|off. At info a serving process logs one line when the cache attaches (root, read-only "
+        "or not, entries for this stack) and a summary at exit; every compile is a WARNING. Printed to stderr as "
+        "'[cute-diskcache] LEVEL ...' unless the process configured a handler for the cute_diskcache logger or root "
+        "(then through theirs). Unset, a level the application set on that logger is kept.",
+    ),
 }
 
 

@@ -31,6 +31,34 @@ PROBE_TIMEOUT_S = 300
 #: Variables of ours in the parent that would leak into the child's behaviour.
 _DROPPED_ENV = re.compile(r"^(CUTE_DISKCACHE_.*|FLASHINFER_B12X_DISK_CACHE|CUTE_DSL_ARCH)$")
 _COUNT_LINE = re.compile(r"^cdc-test real compiles: (\d+)$", re.M)
+#: What every serving process now says on its own (cute_diskcache.report): the attach line, one
+#: WARNING per compile and the exit summary. run_probe hands them over apart (``cache_log``), so
+#: ``stderr == ""`` keeps meaning "nothing unexpected was said".
+REPORT_LINE = re.compile(r"^\[cute-diskcache\] (?:INFO attached: |WARNING compiling |INFO this process: ).*$", re.M)
+_OUR_LINE = re.compile(r"^\[cute-diskcache\] (DEBUG|INFO|WARNING|ERROR|CRITICAL) (.*)$")
+
+
+def split_stderr(raw: str) -> tuple[str, list[str], int | None]:
+    """A child's stderr as tests read it before the package had a handler of its own, its log
+    lines, and the real compile count (None when the counter did not report).
+
+    The first is stderr minus the counter line, minus our INFO/DEBUG lines and the report lines
+    (:data:`REPORT_LINE`), with our WARNING/ERROR lines as bare messages (what Python's
+    ``lastResort`` printed): ``stderr == ""`` keeps meaning "nothing unexpected was said", and
+    a warning is matched by its text. The second holds every ``[cute-diskcache]`` line.
+    """
+    counted = _COUNT_LINE.findall(raw)
+    kept: list[str] = []
+    ours: list[str] = []
+    for line in _COUNT_LINE.sub("", raw).splitlines():
+        m = _OUR_LINE.match(line)
+        if m is None:
+            kept.append(line)
+            continue
+        ours.append(line)
+        if m.group(1) in ("WARNING", "ERROR", "CRITICAL") and not REPORT_LINE.match(line):
+            kept.append(m.group(2))
+    return "\n".join(kept).strip(), ours, int(counted[-1]) if counted else None
 
 #: The child-side counter. The DSL is imported late (by flashinfer, after the target profile
 #: set CUTE_DSL_ARCH), so patch its compiler class when it gets imported, never earlier.
@@ -121,8 +149,9 @@ def run_probe(
 ) -> dict[str, Any]:
     """Run one fresh probe process and return its JSON report.
 
-    Two keys are added to what the probe prints: ``stderr`` (the child's log output: its
-    warnings land there) and ``real_compiles`` (the independent count, None if the child died
+    Three keys are added to what the probe prints: ``stderr`` (the child's log output: its
+    warnings land there; see :func:`split_stderr`), ``cache_log`` (every ``[cute-diskcache]``
+    line) and ``real_compiles`` (the independent count, None if the child died
     before reporting it). ``prefix`` runs the probe under another command (``unshare ...``).
     A non-zero exit fails the test with the child's stderr: a crash is never an expected result.
     """
@@ -142,9 +171,7 @@ def run_probe(
     if not lines:
         pytest.fail(f"probe printed no JSON\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}")
     out: dict[str, Any] = json.loads(lines[-1])
-    counted = _COUNT_LINE.findall(proc.stderr)
-    out["stderr"] = _COUNT_LINE.sub("", proc.stderr).strip()
-    out["real_compiles"] = int(counted[-1]) if counted else None
+    out["stderr"], out["cache_log"], out["real_compiles"] = split_stderr(proc.stderr)
     return out
 
 

@@ -18,7 +18,6 @@ import fcntl
 import json
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest, whatever pytest's import mode
 
-from conftest import PROBE_TIMEOUT_S, TARGET, child_env  # noqa: E402
+from conftest import PROBE_TIMEOUT_S, TARGET, child_env, split_stderr  # noqa: E402
 
 from cute_diskcache import entry, locking  # noqa: E402
 from cute_diskcache.key import CacheKey  # noqa: E402
@@ -207,9 +206,7 @@ def _probe_report(proc: subprocess.Popen[str]) -> dict[str, Any]:
     out, err = proc.communicate(timeout=PROBE_TIMEOUT_S)
     assert proc.returncode == 0, err[-4000:]
     report: dict[str, Any] = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
-    counted = re.findall(r"^cdc-test real compiles: (\d+)$", err, re.M)
-    report["stderr"] = re.sub(r"^cdc-test real compiles: \d+$", "", err, flags=re.M).strip()
-    report["real_compiles"] = int(counted[-1]) if counted else None
+    report["stderr"], report["cache_log"], report["real_compiles"] = split_stderr(err)
     return report
 
 

@@ -36,7 +36,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers / conftest, whatever pytest's import mode
 
 from _helpers import make_artifact, make_key  # noqa: E402
-from conftest import PROBE_TIMEOUT_S, TARGET, child_env  # noqa: E402
+from conftest import PROBE_TIMEOUT_S, TARGET, child_env, split_stderr  # noqa: E402
 
 from cute_diskcache import locking  # noqa: E402
 from cute_diskcache.store import Store  # noqa: E402
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from conftest import Warm
 
 Probe = Callable[..., dict[str, Any]]
-_COUNT_LINE = re.compile(r"^cdc-test real compiles: (\d+)$", re.M)
 _TIMEOUT_LINE = re.compile(r"^cute-diskcache waited .* compiling it here too.*$", re.M)
 
 
@@ -70,9 +69,7 @@ def _report(proc: subprocess.Popen[str], timeout: float = PROBE_TIMEOUT_S) -> di
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, f"probe exited {proc.returncode}\n{err[-4000:]}"
     report: dict[str, Any] = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
-    counted = _COUNT_LINE.findall(err)
-    report["stderr"] = _COUNT_LINE.sub("", err).strip()
-    report["real_compiles"] = int(counted[-1]) if counted else None
+    report["stderr"], report["cache_log"], report["real_compiles"] = split_stderr(err)
     return report
 
 

@@ -403,4 +403,5 @@ def test_refused_entry_that_is_sound_is_never_quarantined(
     assert kernel == "compiled here" and cache.counters.compiles == 1
     assert not store.quarantine_dir.exists() and _files(path) == before, "the entry stays for the hosts it fits"
     warnings = _warnings(caplog)
-    assert len(warnings) == 1 and "does not fit this process" in warnings[0] and refusal in warnings[0], warnings
+    assert len(warnings) == 2 and "does not fit this process" in warnings[0] and refusal in warnings[0], warnings
+    assert warnings[1].startswith(f"compiling {key.site} kernel {key.digest[:12]}: entry refused: "), warnings  # and why (explain)

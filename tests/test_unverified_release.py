@@ -66,7 +66,9 @@ def _run(python: Path, args: list[str], tmp_path: Path, front: Path) -> subproce
 
 def _start(python: Path, tmp_path: Path, front: Path) -> tuple[dict[str, Any], str]:
     proc = _run(python, [str(CHILD), "--target", "rtx-pro-6000", "micro", "static"], tmp_path, front)
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+    from conftest import split_stderr
+
+    return json.loads(proc.stdout.strip().splitlines()[-1]), split_stderr(proc.stderr)[0]
 
 
 def _outcomes(report: dict[str, Any]) -> dict[str, list[str]]:

@@ -77,6 +77,31 @@ def _child(python: Path, *args: str, cwd: Path) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def test_vllm_process_shows_the_attach_line_and_the_miss_warning(vllm_python: Path, tmp_path: Path) -> None:
+    """vLLM's logging as vLLM configures it (a handler on ``vllm`` only): our lines still show, once each."""
+    env = {k: v for k, v in os.environ.items() if not _DROPPED_ENV.match(k)}
+    env["CUTE_DISKCACHE_DIR"] = str(tmp_path / "root")
+    runs = []
+    for _ in ("cold", "warm"):
+        proc = subprocess.run([str(vllm_python), str(DRIVER), "serve"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-5000:]
+        assert re.search(r"^\(MainProcess pid=\d+\) INFO \d\d-\d\d [\d:]+ \[vllm_driver.py:\d+\] vLLM logging configured$", proc.stdout, re.M), proc.stdout
+        runs.append((json.loads(proc.stdout.strip().splitlines()[-1]), [ln for ln in proc.stderr.splitlines() if ln.startswith("[cute-diskcache]")]))
+    (cold, cold_lines), (warm, warm_lines) = runs
+    root = tmp_path / "root"
+    assert cold["compiles"] >= 1 and warm["compiles"] == 0 and warm["hits"] == cold["compiles"]
+    attach = f"[cute-diskcache] INFO attached: cache {root} (writable), %s for this stack (flashinfer 0.7.4, DSL "
+    assert cold_lines[0].startswith(attach % "0 entries"), cold_lines
+    warnings = [ln for ln in cold_lines if ln.startswith("[cute-diskcache] WARNING compiling ")]
+    assert len(warnings) == cold["compiles"] and all(": no entry for this kernel; key " in ln for ln in warnings), cold_lines
+    assert cold_lines[-1].startswith(f"[cute-diskcache] INFO this process: {cold['misses']} miss"), cold_lines
+    n = cold["compiles"]
+    assert warm_lines[0].startswith(attach % f"{n} {'entry' if n == 1 else 'entries'}"), warm_lines
+    assert not [ln for ln in warm_lines if " WARNING " in ln], warm_lines
+    assert warm_lines[-1].startswith(f"[cute-diskcache] INFO this process: {n} hit"), warm_lines
+    print("\n--- vLLM process, cold ---\n" + "\n".join(cold_lines) + "\n--- warm ---\n" + "\n".join(warm_lines))
+
+
 def test_vllm_is_the_release_under_test(vllm_python: Path, tmp_path: Path) -> None:
     out = subprocess.run([str(vllm_python), "-c", "import importlib.metadata as m, cute_diskcache, json; print(json.dumps("
                           "[m.version('vllm'), m.version('flashinfer-python'), m.version('torch'), cute_diskcache.__file__]))"],

@@ -15,6 +15,12 @@ wheel), never imported by pytest. Two modes, each printing one JSON line:
     for the same model, TP and max tokens. Both are real flashinfer wrappers; reported: the
     keywords vLLM passed, and each wrapper's scalar state. The one liberty taken: vLLM's wrapper
     gets ``device="cpu"`` added (there is no GPU here; vLLM leaves the device to flashinfer).
+
+``serve``
+    A vLLM process's logging as vLLM sets it up (``vllm.logger.configure_logging`` with the
+    default ``LoggingConfig``: a handler on the ``vllm`` logger only, stdout), the cache attached
+    by vLLM's plugin loader, then flashinfer's MoE wrapper run for m=1 through the rtx-pro-6000
+    profile. Nothing logs for cute-diskcache here: its lines must appear on their own.
 """
 
 from __future__ import annotations
@@ -96,9 +102,28 @@ def experts(model: str, tp: int, max_num_tokens: int) -> dict[str, Any]:
     }
 
 
+def serve() -> dict[str, Any]:
+    os.environ["FLASHINFER_B12X_DISK_CACHE"] = "1"
+    os.environ["CUTE_DISKCACHE_TARGET"] = "rtx-pro-6000"  # no GPU here
+    from vllm.config.logging import LoggingConfig
+    from vllm.logger import configure_logging, init_logger
+    from vllm.plugins import load_general_plugins
+
+    configure_logging(LoggingConfig())
+    init_logger("vllm.cdc_test").info("vLLM logging configured")
+    load_general_plugins()
+    from cute_diskcache import counters, flashinfer_sites
+
+    flashinfer_sites.import_dispatch()
+    flashinfer_sites.dispatch(128, 8, 2048, 768, [1], max_num_tokens=4096, activation="silu")
+    return counters()
+
+
 def main(argv: list[str]) -> int:
     if argv[0] == "plugins":
         out = plugins("--enable" in argv[1:])
+    elif argv[0] == "serve":
+        out = serve()
     else:
         out = experts(argv[1], int(argv[2]), int(argv[3]))
     print(json.dumps(out, default=str), flush=True)

@@ -1,0 +1,140 @@
+"""What a serving process says about its cache: one line at attach, one per compile, one at exit.
+
+Users asked to see when and where kernels compile (vllm#46764) and why a seeded cache missed
+(SkyRL#2167); ``stats`` needs a shell on the pod, which serverless platforms do not give. So:
+
+* at attach (flashinfer's import, :meth:`~.cache.CompileCache.warm_up`): the root, whether it is
+  read-only, and how many entries exist for this stack, counted from the namespace directories
+  whose recorded environment fits this process (one manifest per namespace; the device is never
+  asked: initialising CUDA in a process that forks workers later breaks CUDA in them);
+* per compile: a WARNING naming the site, the kernel and why it missed (:mod:`.explain`);
+* at exit: hits, misses, compile seconds and seconds saved, only if the cache did anything.
+
+Lines go through the ``cute_diskcache`` logger; :mod:`.logsetup` makes them visible when the
+process configured no logging.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import platform
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import layout, logsetup
+
+if TYPE_CHECKING:
+    from .cache import CompileCache
+    from .key import CacheKey
+
+log = logging.getLogger("cute_diskcache")
+
+#: How much of a kernel's own key the per-compile line shows.
+_DESCRIPTION_CHARS = 200
+
+
+def describe_kernel(key: CacheKey, why: str) -> str:
+    """``<site> kernel 3f2a1b9c0d12: <why>; key ('micro', 128, ...)``: which kernel and why first,
+    then the start of its own key (the part a person recognises: kind, shapes, dtypes)."""
+    try:
+        text = repr(key.site_key)
+    except Exception:
+        text = "?"
+    if len(text) > _DESCRIPTION_CHARS:
+        text = text[: _DESCRIPTION_CHARS - 3] + "..."
+    return f"{key.site} kernel {key.digest[:12]}: {why}; key {text}"
+
+
+def attached(cache: CompileCache) -> None:
+    """The attach line, and the exit summary registered; never raises."""
+    try:
+        logsetup.configure()
+        atexit.register(summary, cache)
+        if not log.isEnabledFor(logging.INFO):
+            return
+        store = cache.store
+        count, stack = entries_for_this_stack(Path(store.root))
+        noun = "entry" if count == 1 else "entries"
+        log.info("attached: cache %s (%s), %d %s for this stack (%s); on a miss: %s",
+                 store.root, _access(store), count, noun, stack, cache.on_miss)
+    except Exception as exc:  # a log line must never cost the engine
+        log.debug("attach line skipped: %s: %s", type(exc).__name__, exc)
+
+
+def _access(store: Any) -> str:
+    if not store.trusted:
+        return "refused: nothing is read or written"
+    if store.readonly:
+        return "read-only: CUTE_DISKCACHE_READONLY"
+    if not store.writable:
+        return "read-only"
+    root = Path(store.root)
+    if root.exists() and not os.access(root, os.W_OK | os.X_OK):
+        return "read-only: no write permission"
+    return "writable"
+
+
+def entries_for_this_stack(root: Path) -> tuple[int, str]:
+    """Entries in the namespaces whose environment fits this process, and that stack in words.
+
+    Fits: same entry format, flashinfer version (for flashinfer's namespaces), DSL stack and
+    machine, and the arch when ``CUTE_DSL_ARCH`` names it (a target profile sets it; the device
+    is never asked here). The kernels' source fingerprint and switches are not compared, so
+    this counts what could serve this stack, not a promise of hits.
+    """
+    import importlib.metadata
+
+    from . import staleness
+    from .key import FORMAT_VERSION, dsl_stack
+
+    dsl = [list(p) for p in dsl_stack()]
+    machine = platform.machine()
+    arch = os.environ.get("CUTE_DSL_ARCH") or None
+    try:
+        flashinfer = importlib.metadata.version("flashinfer-python")
+    except importlib.metadata.PackageNotFoundError:
+        flashinfer = None
+    count = 0
+    for ns in layout.namespaces(root):
+        found = staleness.namespace_env(root, ns)
+        if found is None:
+            continue
+        env, fmt = found
+        package = str(env.get("package", ""))
+        if fmt != FORMAT_VERSION or env.get("dsl") != dsl or env.get("machine") != machine:
+            continue
+        if arch is not None and env.get("arch") != arch:
+            continue
+        if package.startswith("flashinfer-python==") and package != f"flashinfer-python=={flashinfer}":
+            continue
+        count += sum(1 for d in layout.entry_dirs(root, [ns]) if d.parent.parent.name == ns)
+    words = [f"flashinfer {flashinfer}"] if flashinfer else []
+    versions = dict(map(tuple, dsl))
+    if "nvidia-cutlass-dsl" in versions:
+        words.append(f"DSL {versions['nvidia-cutlass-dsl']}")
+    words.append(arch or "arch of the device")
+    words.append(machine)
+    return count, ", ".join(words)
+
+
+def summary(cache: CompileCache) -> None:
+    """The exit line: only when the cache did anything; never raises."""
+    try:
+        c = cache.counters
+        if not (c.hits or c.misses or c.errors):
+            return
+        parts = []
+        if c.hits:
+            parts.append(f"{c.hits} hit{'s' if c.hits != 1 else ''}, {c.saved_seconds:.1f} s of compiles saved "
+                         f"({c.load_seconds * 1e3:.0f} ms loading)")
+        if c.misses:
+            parts.append(f"{c.misses} miss{'es' if c.misses != 1 else ''}, {c.compiles} compiled in {c.compile_seconds:.1f} s")
+        if c.errors:
+            parts.append(f"{c.errors} error{'s' if c.errors != 1 else ''}")
+        if c.lock_waits:
+            parts.append(f"waited {c.lock_wait_seconds:.1f} s for {c.lock_waits} compile{'s' if c.lock_waits != 1 else ''} of other processes")
+        log.info("this process: %s; cache %s", "; ".join(parts), cache.store.root)
+    except Exception as exc:
+        log.debug("exit summary skipped: %s: %s", type(exc).__name__, exc)
