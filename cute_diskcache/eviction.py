@@ -9,6 +9,21 @@ it is a day old, or when a cull finds it cannot be right, always outside any com
 (:func:`.housekeeping.maintain`). Drift in between (a crash between a write and its count, a
 hand-deleted entry) is bounded by that.
 
+**The counter's lock is bounded** (issue 21). ``flock(LOCK_EX)`` is allowed on a read-only
+descriptor, so anyone who can open ``usage`` could once stop every commit; and a holder
+stopped with SIGSTOP on a shared volume did the same. The file is 0600 in a private root (a
+shared root's group must update it: there the bound is the defence), and a commit tries the
+lock without blocking for at most :data:`COUNTER_WAIT_S`, then leaves the counter alone for
+:data:`COUNTER_RETRY_S` with one warning. Where ``flock`` does not work at all (``ENOLCK``:
+NFSv3 without lockd; ``EOPNOTSUPP``/``ENOSYS``: FUSE volumes without ``flock``; see
+:mod:`.locking`, which warns once for the root) the counter is not used.
+
+**Without the counter the cap still holds**: a commit that could not count walks the cache
+(exact LRU, as ``cute-diskcache evict``) and culls it to 90% of the cap, but only once this
+process has committed 10% of the cap since its last walk (and at its first such commit): one
+process alone never passes the cap, N processes at most by N x 10%, and a walk costs one per
+tenth of the cap written, not one per commit.
+
 **Culling is bounded per commit.** Over the cap, a commit removes at most :data:`CULL_LIMIT`
 entries: first quarantined ones, then the least recently used among the entries of
 :data:`SAMPLE_SHARDS` randomly chosen shard directories (an approximate LRU, as Redis does:
@@ -27,12 +42,13 @@ then a delete.
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import logging
 import os
 import random
 import shutil
 import struct
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,27 +101,110 @@ class Usage:
 
 
 def file_mode(shared: bool) -> int:
-    """Bookkeeping files: private roots get 0644; a shared root's group must update them too."""
-    return 0o666 if shared else 0o644
+    """Bookkeeping files: private roots get 0600 (nobody else can open them, so nobody else can
+    lock them); a shared root's group must update them too."""
+    return 0o666 if shared else 0o600
+
+
+#: The longest a commit waits for the counter's lock (held for microseconds by a healthy holder).
+COUNTER_WAIT_S = 2.0
+#: After a wait ran out, the counter is left alone this long (no commit waits for it again).
+COUNTER_RETRY_S = 60.0
+_COUNTER_POLL_S = 0.005
+
+
+class CounterUnavailable(OSError):
+    """The counter's lock could not be had: held too long by someone, or no locks here."""
+
+
+_busy_until: dict[str, float] = {}  # root -> monotonic time before which the counter is not tried
+_warned: set[str] = set()  # roots whose degraded counter has had its one warning
+_state_guard = threading.Lock()
+
+
+def _warn_once(root: Path, message: str, *args: Any) -> None:
+    key = str(Path(root))
+    with _state_guard:
+        if key in _warned:
+            return
+        _warned.add(key)
+    log.warning(message, *args)
+
+
+def counter_degraded(root: Path) -> bool:
+    """Whether commits under ``root`` cannot use the counter now (no locks, or it is held too long)."""
+    from . import locking
+
+    return locking.without_locks(root) or time.monotonic() < _busy_until.get(str(Path(root)), 0.0)
+
+
+def _read(fd: int) -> Usage | None:
+    raw = os.pread(fd, _USAGE.size, 0)
+    if len(raw) == _USAGE.size:
+        magic, nbytes, entries, reconciled, housekept = _USAGE.unpack(raw)
+        if magic == _MAGIC:
+            return Usage(nbytes, entries, reconciled, housekept)
+    return None
+
+
+def _lock_counter(root: Path, fd: int, path: Path, wait: float) -> None:
+    """``LOCK_EX`` on the counter within ``wait`` seconds, or :class:`CounterUnavailable`."""
+    from . import locking
+
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            if locking.try_flock(fd):
+                return
+        except OSError as exc:
+            if locking.no_locks_here(root, exc, str(path)):
+                raise CounterUnavailable(exc.errno, f"no locks under {root}") from exc
+            raise
+        now = time.monotonic()
+        if now >= deadline:
+            with _state_guard:
+                _busy_until[str(Path(root))] = now + COUNTER_RETRY_S
+            _warn_once(
+                root,
+                "cute-diskcache: the size counter %s stayed locked by another process for %.1f s (a stopped process, "
+                "or another user holding it); commits leave it alone for %.0f s at a time and keep the size cap by "
+                "walking the cache instead",
+                path,
+                wait,
+                COUNTER_RETRY_S,
+            )
+            raise CounterUnavailable(errno.EAGAIN, f"{path} is held by another process")
+        time.sleep(_COUNTER_POLL_S)
 
 
 @contextlib.contextmanager
-def _counter(root: Path, *, create: bool = True, shared: bool = False) -> Iterator[tuple[int, Usage | None]]:
-    """The counter file, locked; yields (fd, current value or None when missing or unreadable)."""
+def _counter(root: Path, *, create: bool = True, shared: bool = False,
+             wait: float = COUNTER_WAIT_S) -> Iterator[tuple[int, Usage | None]]:
+    """The counter file, locked; yields (fd, current value or None when missing or unreadable).
+
+    Raises :class:`CounterUnavailable` (an OSError) when its lock is not had within ``wait``
+    seconds, or is known not to work or to be held by someone who would not let go.
+    """
+    from . import locking
+
+    if locking.without_locks(root):
+        raise CounterUnavailable(errno.ENOLCK, f"no locks under {root}")
+    if time.monotonic() < _busy_until.get(str(Path(root)), 0.0):
+        raise CounterUnavailable(errno.EAGAIN, "the size counter was held too long a moment ago")
     path = Path(root) / layout.USAGE_FILE
     flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | (os.O_CREAT if create else 0)
     fd = os.open(path, flags, file_mode(shared))
+    token = locking.hold(fd)  # a child forked while we hold it must not keep it locked
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        raw = os.pread(fd, _USAGE.size, 0)
-        value = None
-        if len(raw) == _USAGE.size:
-            magic, nbytes, entries, reconciled, housekept = _USAGE.unpack(raw)
-            if magic == _MAGIC:
-                value = Usage(nbytes, entries, reconciled, housekept)
-        yield fd, value
+        if not shared:  # a private root's counter made 0644 by an older version: nobody else's to open
+            with contextlib.suppress(OSError):
+                st = os.fstat(fd)
+                if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+                    os.fchmod(fd, 0o600)
+        _lock_counter(root, fd, path, wait)
+        yield fd, _read(fd)
     finally:
-        os.close(fd)  # drops the flock
+        locking.release(fd, token)  # closing drops the flock
 
 
 def _store(fd: int, u: Usage) -> None:
@@ -113,12 +212,28 @@ def _store(fd: int, u: Usage) -> None:
 
 
 def read_usage(root: Path) -> Usage | None:
-    """The counter as it stands (None: no counter yet, or unreadable)."""
+    """The counter as it stands (None: no counter yet, or unreadable).
+
+    When its lock cannot be had, the value is read without it (a read of 40 bytes that a
+    ``pwrite`` replaces whole; at worst a stale value, which decides only whether upkeep is due).
+    """
     try:
         with _counter(root, create=False) as (_fd, value):
             return value
+    except CounterUnavailable:
+        pass
     except OSError:
         return None
+    try:
+        fd = os.open(Path(root) / layout.USAGE_FILE, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        return _read(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def adjust(root: Path, delta_bytes: int, delta_entries: int = 0, *, shared: bool = False) -> Usage | None:
@@ -135,9 +250,9 @@ def adjust(root: Path, delta_bytes: int, delta_entries: int = 0, *, shared: bool
         return None
 
 
-def mark(root: Path, **fields: Any) -> None:
+def mark(root: Path, *, shared: bool = False, **fields: Any) -> None:
     with contextlib.suppress(OSError):
-        with _counter(root) as (fd, value):
+        with _counter(root, shared=shared) as (fd, value):
             u = value or Usage()
             for name, v in fields.items():
                 setattr(u, name, v)
@@ -269,6 +384,8 @@ def note_commit(root: Path, added_bytes: int, *, entry_dir: Path | None = None, 
     """
     cap = max_size()
     u = adjust(root, added_bytes, 1 if added_bytes > 0 else 0, shared=shared)
+    if cap > 0 and u is None:
+        return _cull_without_counter(root, added_bytes, cap, entry_dir)
     if cap <= 0 or u is None or u.bytes <= cap:
         return []
     goal = int(cap * _LOW_WATER)
@@ -292,12 +409,35 @@ def note_commit(root: Path, added_bytes: int, *, entry_dir: Path | None = None, 
     return removed
 
 
-def evict(root: Path, max_bytes: int, *, dry_run: bool = False) -> list[Path]:
-    """Exact LRU: walk everything and remove the least recently used until at most ``max_bytes`` remain.
+_unwalked: dict[str, int] = {}  # root -> bytes this process committed uncounted since its last walk
 
-    For ``cute-diskcache evict`` (an operator command may walk). Sets the counter from the walk.
-    Everything under the root counts, this process's own statistics file included (made first).
-    """
+
+def _cull_without_counter(root: Path, added: int, cap: int, entry_dir: Path | None) -> list[Path]:
+    """The commit could not be counted: keep the cap by an exact walk, at this process's first
+    uncounted commit and then once per ``(1 - low water) x cap`` bytes it commits."""
+    from . import locking
+
+    if not locking.without_locks(root):  # those roots had their warning from .locking
+        _warn_once(root, "cute-diskcache: the size counter under %s cannot be updated; the %s cap is kept by walking "
+                         "the cache once per %s committed", root, format_size(cap), format_size(cap * (1 - _LOW_WATER)))
+    key = str(Path(root))
+    with _state_guard:
+        pending = _unwalked.get(key)
+        due = pending is None or pending + max(0, added) >= cap * (1 - _LOW_WATER)
+        _unwalked[key] = 0 if due else (pending or 0) + max(0, added)
+    if not due:
+        return []
+    gone, total, freed, _n = _exact(root, int(cap * _LOW_WATER), trigger=cap, keep=entry_dir)
+    if gone:
+        log.info("culled %d entries from %s by a walk (%s, cap %s)", len(gone), root, format_size(total - freed), format_size(cap))
+    return gone
+
+
+def _exact(root: Path, max_bytes: int, *, trigger: int | None = None, keep: Path | None = None,
+           dry_run: bool = False) -> tuple[list[Path], int, int, int]:
+    """Walk everything; if it takes more than ``trigger`` (default ``max_bytes``), remove the least
+    recently used until at most ``max_bytes`` remain. Returns (removed entries, bytes found,
+    bytes freed, entries found)."""
     from . import stats
 
     stats.ensure_file()
@@ -306,12 +446,22 @@ def evict(root: Path, max_bytes: int, *, dry_run: bool = False) -> list[Path]:
     total = sum(e[1] for e in entries) + sum(q[1] for q in quarantine) + _overhead_bytes(root)
     over = total - max_bytes
     gone, freed_q, freed_e = [], 0, 0
-    if over > 0:
+    if total > (max_bytes if trigger is None else trigger) and over > 0:
         # Quarantined entries (kept only for post-mortems) first, then entries by recency.
-        _q, freed_q = _remove(root, quarantine, over=over, limit=None, dry_run=dry_run)
-        gone, freed_e = _remove(root, entries, over=over - freed_q, limit=None, dry_run=dry_run)
+        _q, freed_q = _remove(root, quarantine, over=over, limit=None, keep=keep, dry_run=dry_run)
+        gone, freed_e = _remove(root, entries, over=over - freed_q, limit=None, keep=keep, dry_run=dry_run)
+    return gone, total, freed_q + freed_e, len(entries)
+
+
+def evict(root: Path, max_bytes: int, *, dry_run: bool = False) -> list[Path]:
+    """Exact LRU: walk everything and remove the least recently used until at most ``max_bytes`` remain.
+
+    For ``cute-diskcache evict`` (an operator command may walk). Sets the counter from the walk.
+    Everything under the root counts, this process's own statistics file included (made first).
+    """
+    gone, total, freed, found = _exact(root, max_bytes, dry_run=dry_run)
     if not dry_run:
-        mark(root, bytes=max(0, total - freed_q - freed_e), entries=len(entries) - len(gone), reconciled_at=time.time())
+        mark(root, bytes=max(0, total - freed), entries=found - len(gone), reconciled_at=time.time())
         if gone:
             log.info("evicted %d entries from %s (down to %s)", len(gone), root, format_size(max_bytes))
     return gone

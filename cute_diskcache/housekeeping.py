@@ -10,14 +10,18 @@ files, payloads no manifest names and entry directories that never got a manifes
 are an hour old, and sets the size counter of :mod:`.eviction` to what it found. All of it
 counts toward ``CUTE_DISKCACHE_MAX_SIZE``.
 
+Where ``flock`` does not work (``ENOLCK`` on NFSv3 without lockd, ``EOPNOTSUPP``/``ENOSYS`` on
+FUSE volumes without it; :mod:`.locking` warns once) the maintenance lock cannot be had by
+anyone: each process then does the upkeep itself, without the lock, at most hourly (every
+step is safe beside another process doing it: removals are renames into ``trash/`` of what has
+been idle an hour), so ``tmp/``, ``trash/``, ``locks/`` and the quarantine stay bounded there too.
+
 :func:`clear` is the operator's reset. Removal itself is :func:`.eviction.discard`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import logging
 import os
 import shutil
@@ -61,7 +65,7 @@ def _stray_files(entry_dir: Path, now: float) -> list[Path]:
     return [p for p, m in files if p.name not in named and now - m >= GRACE_S]
 
 
-def reconcile(root: Path) -> eviction.Usage:
+def reconcile(root: Path, *, shared: bool = False) -> eviction.Usage:
     """Walk everything once: drop stale leftovers, then set the counter to what is there."""
     now = time.time()
     for d in layout.entry_dirs(root):
@@ -72,7 +76,7 @@ def reconcile(root: Path) -> eviction.Usage:
                 stray.unlink(missing_ok=True)
     use = eviction.usage(root)
     done = time.time()
-    eviction.mark(root, bytes=use["bytes"], entries=use["entries"], reconciled_at=done)
+    eviction.mark(root, shared=shared, bytes=use["bytes"], entries=use["entries"], reconciled_at=done)
     return eviction.read_usage(root) or eviction.Usage(use["bytes"], use["entries"], done, 0.0)
 
 
@@ -132,29 +136,53 @@ def trim_quarantine(root: Path) -> tuple[int, int]:
     return freed, removed
 
 
-@contextlib.contextmanager
-def _maintenance_lock(root: Path, shared: bool) -> Iterator[bool]:
-    """Whether we got the root's maintenance lock (never waited for: someone else is doing it)."""
-    from . import trust
+_degraded_runs: dict[str, float] = {}  # root -> monotonic time of this process's last upkeep without the counter
 
+
+def _degraded_turn(root: Path) -> bool:
+    """Where the counter cannot be had (no locks, or held by someone), the times it would record
+    are not recorded either: whether this process may do the upkeep now (at most hourly)."""
+    key = str(Path(root))
+    now = time.monotonic()
+    last = _degraded_runs.get(key)
+    if last is not None and now - last < _HOUSEKEEP_EVERY_S:
+        return False
+    _degraded_runs[key] = now
+    return True
+
+
+@contextlib.contextmanager
+def _maintenance_lock(root: Path, shared: bool, *, turn_taken: bool = False) -> Iterator[bool]:
+    """Whether we got the root's maintenance lock (never waited for: someone else is doing it).
+
+    On a root whose filesystem gives no locks, True at most hourly per process (see above);
+    ``turn_taken``: the caller has had that turn already.
+    """
+    from . import locking, trust
+
+    if locking.without_locks(root):
+        yield turn_taken or _degraded_turn(root)
+        return
     path = Path(root) / layout.LOCKS_DIR / "maintenance.lock"
     try:
         trust.make_dirs(Path(root), path.parent, shared=shared)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), eviction.file_mode(shared))
+        fd = locking.open_lock_file(path, eviction.file_mode(shared))
     except OSError:
         yield False
         return
+    token = locking.hold(fd)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            got = locking.try_flock(fd)
         except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+            if locking.no_locks_here(root, exc, str(path)):
+                got = turn_taken or _degraded_turn(root)
+            else:
                 log.debug("maintenance lock: %s", exc)
-            yield False
-            return
-        yield True
+                got = False
+        yield got
     finally:
-        os.close(fd)
+        locking.release(fd, token)
 
 
 def maintain(root: Path, *, force: bool = False, shared: bool = False) -> dict[str, Any] | None:
@@ -169,15 +197,18 @@ def maintain(root: Path, *, force: bool = False, shared: bool = False) -> dict[s
     keep = force or u is None or now - u.housekept_at > _HOUSEKEEP_EVERY_S
     if not (walk or keep):
         return None
-    with _maintenance_lock(root, shared) as mine:
+    degraded = eviction.counter_degraded(root)
+    if degraded and not force and not _degraded_turn(root):
+        return None
+    with _maintenance_lock(root, shared, turn_taken=degraded) as mine:
         if not mine:
             return None
         out: dict[str, Any] = {}
         if keep:
-            eviction.mark(root, housekept_at=now)
+            eviction.mark(root, shared=shared, housekept_at=now)
             out["housekeeping"] = housekeep(root, now=now)
         if walk:
-            out["usage"] = reconcile(root)
+            out["usage"] = reconcile(root, shared=shared)
         return out
 
 

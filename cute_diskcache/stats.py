@@ -422,7 +422,11 @@ def _gone(path: Path) -> int | None:
         if time.time() - path.stat().st_mtime < _LEGACY_IDLE_S:
             return None
         return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    from .locking import open_to_lock
+
+    # For writing where we may: NFS emulates flock with POSIX locks, which refuse (EBADF) an
+    # exclusive lock through a read-only descriptor, and the file would never be folded.
+    fd = open_to_lock(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
