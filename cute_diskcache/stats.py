@@ -43,6 +43,8 @@ from typing import Any, Iterable
 
 import msgpack
 
+from .locking import NO_LOCKS
+
 FIELDS = (
     "hits",
     "misses",
@@ -430,11 +432,33 @@ def _gone(path: Path) -> int | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
+        if exc.errno in NO_LOCKS and _finished_without_locks(path):
+            return fd
         os.close(fd)
         if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
             return None  # its process holds it: alive
         raise
     return fd
+
+
+def _finished_without_locks(path: Path) -> bool:
+    """Whether a counter file's process is gone, on a volume where ``flock`` does not work
+    (NFSv3 without lockd, FUSE): a process of this host that no longer exists, or a file idle
+    as long as the legacy files' grace. Without this every process would leave its file for
+    good. An idle live process folded this way loses its later counts (its file is unlinked
+    under it); it never counts twice."""
+    host, _, rest = path.name.partition("-")
+    pid = rest.split("-", 1)[0]
+    if host == socket.gethostname() and pid.isdigit():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            pass  # another user's process: alive
+        else:
+            return False
+    return time.time() - path.stat().st_mtime >= _LEGACY_IDLE_S
 
 
 def fold(root: Path) -> int:
@@ -453,11 +477,17 @@ def fold(root: Path) -> int:
     except OSError:
         return 0
     held: list[tuple[Path, int]] = []
+    claimed = False
     try:
         try:
             fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return 0
+        except OSError as exc:
+            # No locks on this volume (NFSv3 without lockd, FUSE): an exclusive create guards
+            # the fold instead, as NFS has honoured O_EXCL since v3. Two unguarded folds could
+            # each absorb the same file and count it twice.
+            if exc.errno not in NO_LOCKS or not _claim_by_create(folder):
+                return 0
+            claimed = True
         _sweep_unpublished(folder)
         listing = _liveness(folder)
         present = {path.name for path, _fd in listing}
@@ -482,6 +512,34 @@ def fold(root: Path) -> int:
         for _path, fd in held:
             os.close(fd)
         os.close(guard)
+        if claimed:
+            with contextlib.suppress(OSError):
+                os.unlink(folder / _FOLD_CLAIM)
+
+
+#: A fold's claim where ``flock`` does not work; one older than this is a dead folder's.
+_FOLD_CLAIM = ".fold.claim"
+_FOLD_CLAIM_STALE_S = 600.0
+
+
+def _claim_by_create(folder: Path) -> bool:
+    """Take the fold by creating ``.fold.claim`` exclusively; a claim left by a fold that died
+    (older than :data:`_FOLD_CLAIM_STALE_S`) is removed and taken once more."""
+    path = folder / _FOLD_CLAIM
+    for _attempt in range(2):
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o600))
+            return True
+        except FileExistsError:
+            try:
+                if time.time() - os.lstat(path).st_mtime < _FOLD_CLAIM_STALE_S:
+                    return False
+                os.unlink(path)
+            except OSError:
+                return False
+        except OSError:
+            return False
+    return False
 
 
 _UNPUBLISHED = f".tmp.{_COMPACTED}"

@@ -204,6 +204,30 @@ def test_dead_processes_statistics_fold_where_read_only_descriptors_cannot_lock(
     assert stats.aggregate(tmp_path)["ns-a"]["hits"] == 4
 
 
+@pytest.mark.parametrize("err", [errno.ENOLCK, errno.EOPNOTSUPP])
+def test_dead_processes_statistics_fold_where_flock_fails(err: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NFSv3 without lockd, FUSE: no flock at all. A finished process of this host is known by
+    its pid; the fold is guarded by an exclusive create; the counts are kept exactly once."""
+    for _ in range(4):
+        subprocess.run([sys.executable, "-c", _STATS_WORKER, str(tmp_path)], check=True, timeout=120)
+    alive = subprocess.Popen([sys.executable, "-c", _STATS_WORKER + "\nimport time; time.sleep(60)\n", str(tmp_path)])
+    try:
+        deadline = time.monotonic() + 60
+        while stats.aggregate(tmp_path).get("ns-a", {}).get("hits", 0) < 5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        _flock_fails(monkeypatch, err)
+        for _ in range(2):  # a second fold finds the first one's file and nothing dead: no change
+            stats.fold(tmp_path)
+        files = [p for p in (tmp_path / "stats").iterdir() if not p.name.startswith(".")]
+        assert len(files) == 2, f"{len(files)} statistics files: the finished processes' were not folded"
+        assert not (tmp_path / "stats" / ".fold.claim").exists()
+        monkeypatch.setattr(fcntl, "flock", _real_flock)
+        assert stats.aggregate(tmp_path)["ns-a"]["hits"] == 5
+    finally:
+        alive.kill()
+        alive.wait()
+
+
 # --------------------------------------------------------------------------------------------
 # Defect 3: the size counter locked by someone else
 # --------------------------------------------------------------------------------------------
