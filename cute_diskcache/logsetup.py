@@ -19,11 +19,10 @@ start), the ``cute_diskcache`` logger gets one :class:`FallbackHandler` and a le
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 LOGGER = "cute_diskcache"
-LEVEL_ENV = "CUTE_DISKCACHE_LOG_LEVEL"
+LEVEL_ENV = "CUTE_DISKCACHE_LOG_LEVEL"  # config.SETTINGS_DOC["log_level"]
 #: The accepted values of :data:`LEVEL_ENV`; ``off`` is above every level a record can have.
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR, "off": logging.CRITICAL + 10}
 DEFAULT_LEVEL = "info"
@@ -68,7 +67,9 @@ def others_would_show(logger: logging.Logger) -> bool:
 def level_from_env() -> int | None:
     """The level ``CUTE_DISKCACHE_LOG_LEVEL`` asks for; None when unset. A value we do not know is
     the default, with one warning (a typo must not silence the cache, nor make it noisier)."""
-    raw = (os.environ.get(LEVEL_ENV) or "").strip().lower()
+    from . import config
+
+    raw = (config.text("log_level") or "").lower()
     if not raw:
         return None
     if raw in LEVELS:

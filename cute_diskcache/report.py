@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 from . import layout, logsetup
 
 if TYPE_CHECKING:
-    from .cache import CompileCache
     from .key import CacheKey
 
 log = logging.getLogger("cute_diskcache")
@@ -47,8 +46,9 @@ def describe_kernel(key: CacheKey, why: str) -> str:
     return f"{key.site} kernel {key.digest[:12]}: {why}; key {text}"
 
 
-def attached(cache: CompileCache) -> None:
-    """The attach line, and the exit summary registered; never raises."""
+def attached(cache: Any) -> None:
+    """The attach line, and the exit summary registered; never raises. ``cache``: a
+    :class:`~.cache.CompileCache` (not imported here: the cache imports this module)."""
     try:
         logsetup.configure()
         atexit.register(summary, cache)
@@ -119,7 +119,7 @@ def entries_for_this_stack(root: Path) -> tuple[int, str]:
     return count, ", ".join(words)
 
 
-def summary(cache: CompileCache) -> None:
+def summary(cache: Any) -> None:
     """The exit line: only when the cache did anything; never raises."""
     try:
         c = cache.counters
@@ -130,7 +130,8 @@ def summary(cache: CompileCache) -> None:
             parts.append(f"{c.hits} hit{'s' if c.hits != 1 else ''}, {c.saved_seconds:.1f} s of compiles saved "
                          f"({c.load_seconds * 1e3:.0f} ms loading)")
         if c.misses:
-            parts.append(f"{c.misses} miss{'es' if c.misses != 1 else ''}, {c.compiles} compiled in {c.compile_seconds:.1f} s")
+            compiled = f"{c.compiles} compiled in {c.compile_seconds:.1f} s" if c.compiles else "none compiled"
+            parts.append(f"{c.misses} miss{'es' if c.misses != 1 else ''}, {compiled}")
         if c.errors:
             parts.append(f"{c.errors} error{'s' if c.errors != 1 else ''}")
         if c.lock_waits:
