@@ -260,7 +260,8 @@ class _Staged:
         return None
 
 
-def import_bundle(root: Path, bundle: Path, *, hmac_key: bytes | None = None, trust_shared: bool = False) -> ImportReport:
+def import_bundle(root: Path, bundle: Path, *, hmac_key: bytes | None = None, trust_shared: bool = False,
+                  trust_group: int | None = None) -> ImportReport:
     """Verify every entry of ``bundle`` in a staging directory and merge the good ones into ``root``.
 
     With ``hmac_key`` only entries signed with it come in (a bundle from elsewhere cannot
@@ -272,11 +273,11 @@ def import_bundle(root: Path, bundle: Path, *, hmac_key: bytes | None = None, tr
     root, bundle = Path(root), Path(bundle)
     report = ImportReport(str(bundle))
     if not trust_shared:
-        why = trust.root_refusal(root, subdirs=(LAYOUT, layout.LOCKS_DIR))
-        if why is not None:
-            raise BundleError(f"refusing to import into {root}: {why} (CUTE_DISKCACHE_TRUST_SHARED=1 overrides)")
-    store = Store(root, trust_shared=trust_shared, hmac_key=hmac_key)
-    trust.make_dirs(root, root / LAYOUT, shared=trust_shared)
+        found = trust.refused_level(root, subdirs=(LAYOUT, layout.LOCKS_DIR), group=trust_group)
+        if found is not None:
+            raise BundleError(f"refusing to import into {root}: {found[1]} ({trust.remedy(found[0], trust_group)})")
+    store = Store(root, trust_shared=trust_shared, hmac_key=hmac_key, trust_group=trust_group)
+    store.make_layout()
     staging = store.scratch_dir("import")
     staged: dict[tuple[str, str], _Staged] = {}
     broken: dict[tuple[str, str], str] = {}

@@ -402,7 +402,11 @@ def read_dirs(root: Path) -> tuple[Path, ...]:
     out: list[Path] = []
     for part in (os.environ.get(env_name("read_dirs")) or "").split(os.pathsep):
         if part.strip():
-            path = Path(part.strip()).expanduser()
+            try:
+                path = Path(part.strip()).expanduser()
+            except RuntimeError:  # ~user this host does not know: that layer only, never load()
+                _warn_once(env_name("read_dirs"), part, "ignoring %r in %s (cannot expand ~)", part, env_name("read_dirs"))
+                continue
             if path != root and path not in out:
                 out.append(path)
     return tuple(out)

@@ -56,7 +56,7 @@ def trust_note(root: Path) -> str | None:
     try:
         from . import trust
 
-        return trust.root_refusal(root)
+        return trust.root_refusal(root, group=config.trust_group())
     except Exception:  # advice for a report: it must print regardless
         return None
 
@@ -165,7 +165,7 @@ def verify(root: Path, *, namespaces: Sequence[str] | None = None, device: bool 
     settings = settings or config.load()
     gpu = Gpu.find() if device else None
     results: list[dict[str, Any]] = []
-    store = Store(root, trust_shared=settings.trust_shared, hmac_key=settings.hmac_key)
+    store = Store.for_settings(settings, root, layers=False)
     for d in layout.entry_dirs(root, namespaces):
         res: dict[str, Any] = {"digest": d.name, "namespace": d.parent.parent.name, "status": "ok"}
         try:

@@ -89,6 +89,17 @@ class Store:
 
     # -- paths --------------------------------------------------------------------------------
 
+    @classmethod
+    def for_settings(cls, settings: Any, root: Path | None = None, *, layers: bool = True) -> "Store":
+        """The store the settings describe (``root``: another root, e.g. a CLI's ``--root``).
+
+        Every door builds its store here, so the engine, ``stats``, ``verify`` and ``import``
+        trust the same writers and read the same layers.
+        """
+        return cls(settings.root if root is None else Path(root), readonly=settings.readonly,
+                   trust_shared=settings.trust_shared, hmac_key=settings.hmac_key, trust_group=settings.trust_group,
+                   read_dirs=settings.read_dirs if layers else ())
+
     def entry_dir(self, key: CacheKey) -> Path:
         return layout.entry_dir(self.root, key.env.namespace, key.digest)
 
@@ -159,7 +170,7 @@ class Store:
         if not self._root_probed:
             self._root_probed = True
             try:
-                self._make_layout()  # before anything else creates the root with the umask's mode
+                self.make_layout()  # before anything else creates the root with the umask's mode
             except OSError as exc:
                 self.disable_writes(exc)
                 return False
@@ -172,7 +183,7 @@ class Store:
                 self.disable_writes(OSError(code, os.strerror(code), str(self.root)))
         return self.writable
 
-    def _make_layout(self) -> None:
+    def make_layout(self) -> None:
         """The root and ``v1/``, with our mode. Every commit asks again (two ``mkdir``s that find
         the directory there): a root deleted under a running engine is remade private, not with
         the umask's mode that would make every later process refuse it."""
@@ -355,7 +366,7 @@ class Store:
                     if self._warn_once(link, "path", "cute-diskcache refuses %s: a symbolic link inside the cache root is never followed", link):
                         self.rejected += 1
                     return None  # never write through a link
-                self._make_layout()
+                self.make_layout()
                 self._make_dirs(path)
                 before = layout.entry_bytes(path)
                 # hmac_key only when set: entry.write's three-argument form stays the plain one.

@@ -316,3 +316,27 @@ def test_uid_65534_engine_compiles_a_miss_in_memory_with_one_line(
     assert "cannot write" not in report["stderr"] and "refuses" not in report["stderr"], report["stderr"]
     assert _tree(root) == before
     print(report["stderr"])
+
+
+def test_import_stats_and_settings_follow_trust_group(volume: Path, public: Path, key: CacheKey, art: entry.Artifact,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every door agrees with the engine: ``import`` into an fsGroup volume, and the trust note
+    ``stats`` prints, accept what CUTE_DISKCACHE_TRUST_GROUP accepts (they checked uid and mode
+    alone), and a read layer of an unknown ~user is skipped, never an exception from load()."""
+    from cute_diskcache import bundle, inventory
+
+    built = public / "built"
+    assert Store(built).commit(key, art) is not None
+    archive = public / "kernels.tar.gz"
+    bundle.export_bundle(built, archive)
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        with pytest.raises(bundle.BundleError, match=f"CUTE_DISKCACHE_TRUST_GROUP={FS_GROUP}"):
+            bundle.import_bundle(volume, archive)
+        report = bundle.import_bundle(volume, archive, trust_group=FS_GROUP)
+        assert len(report.as_dict()["imported"]) == 1 and not report.as_dict()["bad"], report.as_dict()
+        assert Store(volume, trust_group=FS_GROUP).lookup_or_quarantine(key) is not None
+        assert inventory.trust_note(volume) is not None
+        monkeypatch.setenv("CUTE_DISKCACHE_TRUST_GROUP", str(FS_GROUP))
+        assert inventory.trust_note(volume) is None
+    monkeypatch.setenv("CUTE_DISKCACHE_READ_DIRS", f"~cdc-no-such-user/cache{os.pathsep}{public}")
+    assert config.load().read_dirs == (public,)

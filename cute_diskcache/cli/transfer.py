@@ -67,7 +67,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def _pull_from_remote(root: Path, settings: config.Settings, namespaces: Sequence[str] | None) -> Any:
     client = _remote_client(publishing=False)
-    store = Store(root, trust_shared=settings.trust_shared, hmac_key=settings.hmac_key)
+    store = Store.for_settings(settings, root, layers=False)
     if not store.probe_writable():
         raise CliError(f"cannot import into {root}: refused or not writable (-v says why)")
     try:
@@ -86,7 +86,8 @@ def cmd_import(args: argparse.Namespace) -> int:
             if args.from_remote:
                 report = _pull_from_remote(root, settings, args.namespace)
             else:
-                report = bundle.import_bundle(root, Path(args.bundle), hmac_key=settings.hmac_key, trust_shared=settings.trust_shared)
+                report = bundle.import_bundle(root, Path(args.bundle), hmac_key=settings.hmac_key, trust_shared=settings.trust_shared,
+                                              trust_group=settings.trust_group)
         except bundle.BundleError as exc:
             raise CliError(str(exc)) from None
         evicted = eviction.enforce(root)
