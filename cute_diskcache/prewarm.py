@@ -684,15 +684,16 @@ def run(args: argparse.Namespace) -> int:
     ``--root`` is the cache root for this run and its workers."""
     root = getattr(args, "root", None)
     if root:
-        previous = os.environ.get("CUTE_DISKCACHE_DIR")
-        os.environ["CUTE_DISKCACHE_DIR"] = str(Path(root).expanduser())
+        name = config.env_name("root")  # the workers inherit the root through the environment
+        previous = os.environ.get(name)
+        os.environ[name] = str(Path(root).expanduser())
         try:
             return _run(args)
         finally:
             if previous is None:
-                os.environ.pop("CUTE_DISKCACHE_DIR", None)
+                os.environ.pop(name, None)
             else:
-                os.environ["CUTE_DISKCACHE_DIR"] = previous
+                os.environ[name] = previous
     return _run(args)
 
 

@@ -243,4 +243,5 @@ def test_the_same_tree_on_a_0_6_version_uses_that_generation(tmp_path: Path) -> 
 
 
 def test_render_json_round_trips(installed_report: dict) -> None:
-    assert json.loads(doctor.render(installed_report, json=True)) == json.loads(json.dumps(installed_report))
+    """The report as it is, under the CLI's JSON schema version."""
+    assert json.loads(doctor.render(installed_report, json=True)) == {"schema": 1, **json.loads(json.dumps(installed_report))}

@@ -131,7 +131,7 @@ _MARKER = "_cdc_inline"
 def covered(package_dir: Path, version: str | None = None) -> dict[tuple[str, str], str]:
     """(file as the site scan names it, function) -> kind for the sites the release defines (by name
     in its file) and compiles in place (:attr:`Inline.before`; default: the installed release)."""
-    from .scan import table_name
+    from .names import table_name
 
     version = version or _common.flashinfer_version()
     out = {}

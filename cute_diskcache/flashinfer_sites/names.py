@@ -27,3 +27,26 @@ SM12X_CUTE = "flashinfer.gemm.kernels.sm12x_cute."
 #: decides, per flashinfer version, which ones hold compile sites (exact module names are
 #: prefixes too: nothing else in flashinfer extends them).
 SITE_PACKAGES = (SM12X + ".", GEMM_BASE, GEMM_MXFP8, GEMM_BF16_FP4, MSA_TOPK, MSA_DECODE, MSA_PREFILL, MSA_PROXY, CUTE_DSL_CORE, UTILS, FLASHINFER_UTILS, SM12X_CUTE)
+
+#: flashinfer's sm12x MoE package, relative to its package directory: the adapter's tables name
+#: its files relative to it, as since 0.6.x.
+MOE_BASE = "fused_moe/cute_dsl/blackwell_sm12x"
+
+
+def table_name(path: str) -> str:
+    """The name our adapter tables (and doctor's consumers) give a file: MoE-package files relative
+    to ``blackwell_sm12x/`` (as since 0.6.x), every other file relative to flashinfer's package."""
+    if path.startswith(MOE_BASE + "/"):
+        return path[len(MOE_BASE) + 1:]
+    if path == "fused_moe/cute_dsl/b12x_moe.py":
+        return "../b12x_moe.py"
+    return path
+
+
+def package_path(file: str) -> str:
+    """The package-relative path of an adapter table's file name (the inverse of :func:`table_name`)."""
+    if file.startswith("../"):
+        from posixpath import normpath  # loaded at interpreter start already
+
+        return normpath(f"{MOE_BASE}/{file}")
+    return file if "/" in file else f"{MOE_BASE}/{file}"  # the MoE tables name flat files

@@ -30,13 +30,13 @@ from typing import Any
 
 from . import compat, gemm, getters, inline, known, native, v0_6, v0_7
 from ._common import flashinfer_version
+from .names import MOE_BASE, package_path, table_name  # noqa: F401  (MOE_BASE, table_name: imported from here by others)
 
 COVERED_BY_US, NATIVE, NOTHING, PER_CALLER = "cute-diskcache", "flashinfer", "nothing", "per caller"
 STATUSES = (COVERED_BY_US, NATIVE, NOTHING, PER_CALLER)
 NATIVE_BUILDER = "build_and_load_cute_dsl_kernel"
 GEMM_HELPER = "_compile_block_scaled_gemm"
 #: Where v0_6/v0_7's adapter tables live (their files are named relative to it).
-MOE_BASE = "fused_moe/cute_dsl/blackwell_sm12x"
 #: What a top-level block with a compile site contains (a file must contain "compile" first).
 _COMPILE_TEXT = (".compile", "compile(", "compile[", "build_and_load_cute_dsl_kernel", "_compile_block_scaled_gemm")
 #: A line that starts with a string literal (the rest of a multi-line string) never starts a block.
@@ -66,23 +66,6 @@ class Found:
         if not self.path:  # made from a package-relative name: derive the tables' name
             self.path = self.file
             self.file = table_name(self.file)
-
-
-def table_name(path: str) -> str:
-    """The name our adapter tables (and doctor's consumers) give a file: MoE-package files relative
-    to ``blackwell_sm12x/`` (as since 0.6.x), every other file relative to flashinfer's package."""
-    if path.startswith(MOE_BASE + "/"):
-        return path[len(MOE_BASE) + 1:]
-    if path == "fused_moe/cute_dsl/b12x_moe.py":
-        return "../b12x_moe.py"
-    return path
-
-
-def package_path(file: str) -> str:
-    """The package-relative path of an adapter table's file name (the inverse of :func:`table_name`)."""
-    if file.startswith("../"):
-        return os.path.normpath(f"{MOE_BASE}/{file}")
-    return file if "/" in file else f"{MOE_BASE}/{file}"  # the MoE tables name flat files
 
 
 def _module_path(file: str, module: str, level: int) -> str | None:
