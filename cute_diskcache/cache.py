@@ -346,8 +346,7 @@ def default_cache() -> CompileCache:
     with _default_lock:
         if _default is None:
             settings = config.load()
-            store = Store(settings.root, readonly=settings.readonly, trust_shared=settings.trust_shared, hmac_key=settings.hmac_key,
-                          trust_group=settings.trust_group, read_dirs=settings.read_dirs)
+            store = Store.for_settings(settings)
             remote: LazyRemote | None = None
             if settings.remote:
                 from . import remote as remote_tier  # cheap: the client and its library load at the first local miss
