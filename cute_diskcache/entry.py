@@ -298,7 +298,12 @@ def read_manifest(entry_dir: Path, *, hmac_key: bytes | None = None, owner: int 
 
     ``owner``: see :func:`_read_regular` (the store passes its uid unless the root is shared).
     """
-    manifest = unpack_manifest(read_manifest_bytes(entry_dir, owner=owner), hmac_key=hmac_key)
+    return parse_manifest(read_manifest_bytes(entry_dir, owner=owner), hmac_key=hmac_key)
+
+
+def parse_manifest(raw: bytes, *, hmac_key: bytes | None = None) -> dict[str, Any]:
+    """:func:`read_manifest` of bytes already in memory (a remote hit's)."""
+    manifest = unpack_manifest(raw, hmac_key=hmac_key)
     _check_types(manifest)
     return manifest
 
@@ -374,13 +379,15 @@ def _check_types(manifest: dict[str, Any]) -> None:
 
 
 def verify(entry_dir: Path, manifest: dict[str, Any], key: CacheKey | None, *, owner: int | None = None,
-           role: str | None = None) -> bytes:
+           role: str | None = None, held: dict[str, bytes] | None = None) -> bytes:
     """Check the manifest against the expected key, and payloads against their checksums.
 
     ``role`` None checks every payload (``cute-diskcache verify``, imports) and returns the
     object; a role checks (and returns) that payload only: a hit hashes what it loads, not the
     cubin and MLIR it never uses. What gets loaded is exactly what was checked.
-    ``key`` None (the CLI's ``verify``) checks internal consistency only.
+    ``key`` None (the CLI's ``verify``) checks internal consistency only. ``held``: the payload
+    files' bytes in memory (a remote hit's), held to the same sizes and checksums instead of
+    being read from ``entry_dir`` (then only its name, the digest, is looked at).
     """
     if manifest["format"] != FORMAT_VERSION:
         raise EntryError("stale", f"format {manifest['format']} != {FORMAT_VERSION}")
@@ -412,7 +419,7 @@ def verify(entry_dir: Path, manifest: dict[str, Any], key: CacheKey | None, *, o
         if role is not None and kind != role:
             continue
         for item in items:
-            data = read_payload(entry_dir, item, owner, role=kind)
+            data = read_payload(entry_dir, item, owner, role=kind) if held is None else _held_payload(held, item, kind)
             if kind == wanted:
                 out = data
     assert out is not None  # _check_types guarantees one object payload; the role was checked above
@@ -427,6 +434,17 @@ def read_payload(entry_dir: Path, item: dict[str, Any], owner: int | None = None
     bytes that match their checksum come back; anything else is an :class:`EntryError`.
     """
     data = _read_payload(entry_dir / item["file"], item["size"], owner)
+    if _sha(data) != item["sha256"]:
+        raise EntryError("checksum", f"{role} payload {item['file']} does not match its sha256")
+    return data
+
+
+def _held_payload(held: dict[str, bytes], item: dict[str, Any], role: str) -> bytes:
+    data = held.get(item["file"])
+    if data is None:
+        raise EntryError("truncated", f"payload {item['file']} is missing")
+    if len(data) != item["size"]:
+        raise EntryError("truncated", f"payload {item['file']} has {len(data)} bytes, manifest says {item['size']}")
     if _sha(data) != item["sha256"]:
         raise EntryError("checksum", f"{role} payload {item['file']} does not match its sha256")
     return data

@@ -368,3 +368,27 @@ def test_entry_without_hit_value_still_hits(redis_db: Any, redis_url: str, tmp_p
     rc = RemoteCache(redis_url, hmac_key=b"k")
     assert rc.fetch(key, node) is not None and rc.counters.remote_bytes_in == len(redis_db.get(name))
     assert node.lookup_or_quarantine(key) is not None, "stored locally at once, as before"
+
+
+def test_damaged_hit_value_falls_back_to_the_whole_entry(redis_db: Any, redis_url: str, tmp_path: Path) -> None:
+    """A ``.hit`` value whose payload does not match its manifest is never loaded: the whole entry is."""
+    import msgpack
+
+    from cute_diskcache import entry
+    from cute_diskcache.remote.client import RemoteCache
+    from cute_diskcache.store import Store
+
+    key, src, _ = _published(tmp_path, redis_url)
+    (name,) = remote_names(redis_db)
+    doc = msgpack.unpackb(redis_db.get(name + ".hit"), raw=False)
+    payload = next(n for n in doc["files"] if n != entry.MANIFEST)
+    data = bytearray(doc["files"][payload])
+    data[len(data) // 2] ^= 0x01
+    doc["files"][payload] = bytes(data)
+    redis_db.set(name + ".hit", msgpack.packb(doc, use_bin_type=True))
+    rc = RemoteCache(redis_url, hmac_key=b"k")
+    found = rc.fetch(key, Store(tmp_path / "b", hmac_key=b"k"))
+    assert found is not None and found[1] == entry.verify(src, entry.read_manifest(src), key, role=found.role)
+    assert rc.counters.remote_bytes_in > len(redis_db.get(name)), "the whole entry was fetched and checked"
+    other = RemoteCache(redis_url, hmac_key=b"another-fleet")
+    assert other.fetch(key, Store(tmp_path / "c", hmac_key=b"another-fleet")) is None, "another key's node loads neither"

@@ -10,7 +10,7 @@ store safe to put behind a serving process:
   (:func:`cute_diskcache.ingest.adopt_staged`, then :meth:`Store.lookup_or_quarantine` with the key, which
   adds the arch, environment, host CPU and device checks), and only then stored and loaded. A hit
   first fetches the entry's ``.hit`` value (:mod:`.blob`: the manifest and the payload it loads),
-  checks that once with the key and loads it; the whole entry follows in the background into the
+  checks that once, in memory, with the key and loads it; the whole entry follows in the background into the
   local store (:meth:`RemoteCache._complete`), checked as an import;
 * publishing is write-behind (:mod:`.publisher`), with ``SET``-if-absent semantics: the first
   publisher of an entry wins, later ones are no-ops. The one exception is a node holding the
@@ -126,7 +126,7 @@ class RemoteCache:
         self._workers = _Workers()
         _INSTANCES.add(self)
         # Whole entries fetched after a hit served from a ``.hit`` value, off the request path.
-        self._completer: Publisher[tuple[str, CacheKey, Store, Path]] | None = Publisher(self._complete, maxsize=queue_size)
+        self._completer: Publisher[tuple[str, CacheKey, Store]] | None = Publisher(self._complete, maxsize=queue_size)
         self._publisher: Publisher[tuple[str, str, Path]] | None = (
             None if readonly else Publisher(self._send, maxsize=queue_size, on_drop=lambda job: self._count(job[1], "publish_dropped"))
         )
@@ -273,15 +273,13 @@ class RemoteCache:
                 part = self._bounded(self.timeout, backend.get, blob.hit_object_name(self.prefix, ns, key.digest))
                 if part is not None:
                     self._count(ns, "remote_bytes_in", len(part))
-                    found, staged = self._load_part(part, key, store)
+                    found = self._load_part(part, key, store)
                     if found is not None:
                         self.breaker.success()
                         self._count(ns, "remote_hits")
                         log.debug("remote hit %s %s (%d bytes) in %.2f ms", key.site, key.digest[:12], len(part), (time.perf_counter() - t0) * 1e3)
-                        # Completing (or just removing) the staged copy is the background's work:
-                        # removing a 5-deep directory took 25 ms of a 35 ms hit on this box.
-                        if self._completer is None or not self._completer.submit((name, key, store, staged)):
-                            shutil.rmtree(staged, ignore_errors=True)
+                        if self._completer is not None and store.writable:
+                            self._completer.submit((name, key, store))
                         return found, "hit"
                 raw = self._bounded(self.timeout, backend.get, name)
             except RemoteError as exc:
@@ -323,43 +321,34 @@ class RemoteCache:
         finally:
             self._count(ns, "remote_seconds", time.perf_counter() - t0)
 
-    def _load_part(self, raw: bytes, key: CacheKey, store: Store) -> tuple[Any, Path]:
-        """``(found, staged)``: the verified payload a hit loads, from a ``.hit`` value (:mod:`.blob`),
-        and the private directory it was staged in (the caller's to complete or remove); found
+    def _load_part(self, raw: bytes, key: CacheKey, store: Store) -> Any:
+        """The verified payload a hit loads, from a ``.hit`` value (:mod:`.blob`), checked in memory;
         None to fetch the whole entry instead.
 
-        Staged privately and looked up with the key and ``load=True``: the store's own checks
-        (signature, key, environment, host CPU, device, the loaded payload's sha256), made once.
-        Nothing partial enters the local store: the whole entry follows in the background
+        The store's own checks of a hit, made once and on the bytes that will be loaded: the
+        manifest's seal, signature and types (:func:`entry.parse_manifest`), the key, environment,
+        host CPU and device (:func:`entry.verify` with the key), the loaded payload's size and
+        sha256. Nothing partial enters the local store: the whole entry follows in the background
         (:meth:`_complete`), checked as any import, so ``verify`` and exports never meet half an
-        entry. None (the whole entry decides) when the value lacks the payload this process
-        loads, or anything about it does not check out.
+        entry. None (the whole entry decides, and reports) when the value lacks the payload this
+        process loads or anything about it does not check out.
         """
-        from ..store import _role_to_load  # the rule the lookup below applies
+        from ..store import Found, _role_to_load  # the rule a local lookup applies
 
         ns, digest = key.env.namespace, key.digest
         try:
             files = blob.unpack(raw, ns, digest)
-            manifest = entry.unpack_manifest(files[entry.MANIFEST], hmac_key=store.hmac_key)
-            if any(item["file"] not in files for item in manifest["payloads"].get(_role_to_load(manifest)) or [None]):
-                return None, Path()
+            manifest = entry.parse_manifest(files[entry.MANIFEST], hmac_key=store.hmac_key)
+            role = _role_to_load(manifest)
+            data = entry.verify(Path(digest), manifest, key, role=role, held=files)
         except (entry.EntryError, KeyError, TypeError):
-            return None, Path()
-        base = store.scratch_dir("remote") if store.probe_writable() else Path(tempfile.mkdtemp(prefix="cute_diskcache-remote-"))
-        found = None
-        try:
-            blob.stage(files, base, ns, digest, durable=False)
-            # trust_shared: a private directory we just made ourselves.
-            found = Store(base, readonly=True, trust_shared=True, hmac_key=store.hmac_key).lookup_or_quarantine(key, load=True)
-            return found, base
-        finally:
-            if found is None:
-                shutil.rmtree(base, ignore_errors=True)
+            return None
+        return Found(manifest, data, role)
 
-    def _complete(self, job: tuple[str, CacheKey, Store, Path]) -> None:
-        """After a hit from a ``.hit`` value: the rest of the entry into the staged copy, then the
-        whole into the local store, checked as an import; the staged copy removed in any case."""
-        name, key, store, staged = job
+    def _complete(self, job: tuple[str, CacheKey, Store]) -> None:
+        """After a hit from a ``.hit`` value: the whole entry into the local store, checked as an import."""
+        name, key, store = job
+        staged: Path | None = None
         ns, digest = key.env.namespace, key.digest
         time.sleep(COMPLETE_DELAY_S)  # the hit's load first: on a small box this thread would compete with it
         try:
@@ -375,21 +364,16 @@ class RemoteCache:
             if raw is None:
                 return
             self._count(ns, "remote_bytes_in", len(raw))
-            files = blob.unpack(raw, ns, digest)
-            edir = staged / LAYOUT / ns / digest[:2] / digest
-            if (edir / entry.MANIFEST).read_bytes() == files[entry.MANIFEST]:  # same publisher: add what the hit lacked
-                blob.stage({n: d for n, d in files.items() if not (edir / n).exists()}, staged, ns, digest, durable=False)
-            else:  # the whole entry came from another publisher's race: its own files only
-                shutil.rmtree(staged, ignore_errors=True)
-                staged = store.scratch_dir("remote")
-                edir = blob.stage(files, staged, ns, digest, durable=False)
+            staged = store.scratch_dir("remote")
+            edir = blob.stage(blob.unpack(raw, ns, digest), staged, ns, digest, durable=False)
             report = ingest.ImportReport(f"remote:{name}")
             if not ingest.adopt_staged(store.root, store, edir, report, hmac_key=store.hmac_key):
                 log.debug("completing %s locally: %s", digest[:12], report.bad[0]["reason"] if report.bad else "not merged")
         except (entry.EntryError, OSError) as exc:
             log.debug("completing %s locally: %s", digest[:12], exc)
         finally:
-            shutil.rmtree(staged, ignore_errors=True)
+            if staged is not None:
+                shutil.rmtree(staged, ignore_errors=True)
 
     def _adopt(self, raw: bytes, key: CacheKey, store: Store, name: str) -> tuple[dict[str, Any], bytes] | None:
         """Stage ``raw`` as an entry, check it as an import does, merge it, then look it up with the key.
