@@ -392,3 +392,45 @@ def test_damaged_hit_value_falls_back_to_the_whole_entry(redis_db: Any, redis_ur
     assert rc.counters.remote_bytes_in > len(redis_db.get(name)), "the whole entry was fetched and checked"
     other = RemoteCache(redis_url, hmac_key=b"another-fleet")
     assert other.fetch(key, Store(tmp_path / "c", hmac_key=b"another-fleet")) is None, "another key's node loads neither"
+
+
+def test_holder_whose_compile_fails_lets_a_waiter_compile_at_once(redis_db: Any, redis_url: str, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lease is released whatever the compile does: a waiter does not sit out the TTL."""
+    import threading
+
+    from _helpers import make_artifact, make_key
+
+    from cute_diskcache import export
+    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.remote.client import RemoteCache
+    from cute_diskcache.store import Store
+
+    monkeypatch.setattr(export, "export", lambda kernel, digest, seconds, extra, device, **kw: make_artifact())
+    monkeypatch.setattr(CompileCache, "_load", lambda self, key, found: "loaded")
+    key = make_key("micro")
+    caches = [CompileCache(Store(tmp_path / f"n{i}", hmac_key=b"k"), remote=RemoteCache(redis_url, hmac_key=b"k", lease_ttl=30))
+              for i in range(2)]
+    started, out = threading.Event(), {}
+
+    def failing() -> Any:
+        started.set()
+        time.sleep(0.5)
+        raise RuntimeError("compiler crashed")
+
+    def holder() -> None:
+        try:
+            caches[0].get_or_compile(key, failing)
+        except RuntimeError as exc:
+            out["holder"] = str(exc)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert started.wait(30)
+    t0 = time.monotonic()
+    kernel, _ = caches[1].get_or_compile(key, lambda: "compiled here")
+    waited = time.monotonic() - t0
+    t.join(10)
+    assert out == {"holder": "compiler crashed"} and kernel == "compiled here"
+    assert caches[1].remote.counters.lease_waits == 1 and waited < 5, waited  # not the 30 s TTL
+    assert not redis_db.keys("cute-diskcache/lease/*")
