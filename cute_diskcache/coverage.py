@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
-from . import entry, hostcpu, staleness, trust
+from . import hostcpu, staleness
 from .key import CacheKey
-from .store import Store
+from .store import Refusal, Store
 
 #: A finding's status: the entry would be loaded / there is none / there is one this host refuses.
 OK, MISSING, UNUSABLE = "ok", "missing", "unusable"
@@ -63,32 +63,26 @@ def _inspect_one(store: Store, key: CacheKey) -> Finding | None:
 
         why = getattr(store, "_refusal", None) or trust_note(store.root) or "not trusted"
         return Finding(UNUSABLE, f"cache root {store.root} refused: {why}")
-    path = store.entry_dir(key)
-    bad = trust.first_untrusted(store.root, path, owner=store.owner)
-    if bad is not None:
-        return Finding(UNUSABLE, f"refused: {bad[1]}")
-    manifest: dict[str, Any] | None = None
-    try:
-        manifest = entry.read_manifest(path, hmac_key=store.hmac_key, owner=store.owner)
-        entry.verify(path, manifest, key, owner=store.owner)
-    except entry.EntryError as exc:
-        if exc.reason == "absent":
-            return None
-        if exc.reason == "host-cpu" and manifest is not None:
-            lacking = hostcpu.missing(manifest.get("host_isa") or [])
-            return Finding(UNUSABLE, f"host CPU lacks {', '.join(lacking)} (the entry was built on a CPU with them)", lacking)
-        damaged = " (damaged: a serving process quarantines it and compiles)" if exc.reason in entry.CORRUPT else ""
-        return Finding(UNUSABLE, f"{exc.reason}: {exc.detail}{damaged}")
-    return Finding(OK, found_in=str(store.root))
+    verdict = store.judge(key)
+    if verdict is None:
+        return None
+    if not isinstance(verdict, Refusal):
+        return Finding(OK, found_in=str(store.root))
+    exc = verdict.error
+    if exc.reason == "host-cpu" and verdict.manifest is not None:
+        lacking = hostcpu.missing(verdict.manifest.get("host_isa") or [])
+        return Finding(UNUSABLE, f"host CPU lacks {', '.join(lacking)} (the entry was built on a CPU with them)", lacking)
+    if exc.reason in ("link", "untrusted"):
+        return Finding(UNUSABLE, f"refused: {exc.detail}")
+    damaged = " (damaged: a serving process quarantines it and compiles)" if verdict.corrupt else ""
+    return Finding(UNUSABLE, f"{exc.reason}: {exc.detail}{damaged}")
 
 
 def why_missed(store: Store, key: CacheKey) -> str:
-    """Why ``key`` has no entry, from :func:`.explain.why_missed` (the reason a serving process
-    logs at a miss: the nearest entries' environment differences...) where that module exists."""
-    try:
-        from .explain import why_missed as explain
-    except ImportError:
-        return "no entry"
+    """Why ``key`` has no entry: the reason a serving process logs at that miss (the nearest
+    entries' environment differences...)."""
+    from .explain import why_missed as explain
+
     return str(explain(store, key))
 
 

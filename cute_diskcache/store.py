@@ -30,6 +30,7 @@ but not for this process (another CPU, device or signing key) is a miss and stay
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -239,38 +240,58 @@ class Store:
         return found
 
     def _lookup(self, key: CacheKey, load: bool) -> Found | None:
-        """:meth:`lookup_or_quarantine` in this root alone."""
+        """:meth:`lookup_or_quarantine` in this root alone: :meth:`judge`, then act on a refusal."""
+        path = self.entry_dir(key)
+        for attempt in range(2):
+            before = _manifest_stat(path)
+            verdict = self.judge(key, load=load)
+            if not isinstance(verdict, Refusal):
+                return verdict
+            exc = verdict.error
+            if verdict.where != path:  # a directory above the entry: every entry under it is a miss
+                if self._warn_once(verdict.where, "path", "cute-diskcache refuses %s: %s; entries under it are misses", verdict.where, exc.detail):
+                    self.rejected += 1
+                return None
+            if exc.reason in ("link", "untrusted"):  # the entry itself (a link, a directory we did not make): set it aside
+                self.quarantine(path, exc)
+                return None
+            if not verdict.corrupt:
+                self.note_refusal(path, exc)
+                return None
+            if _manifest_stat(path) != before:  # rewritten, evicted or quarantined while we read
+                if attempt == 0:
+                    continue
+                return None
+            self.quarantine(path, exc, expect=before)
+            return None
+        return None
+
+    def judge(self, key: CacheKey, *, load: bool = False) -> "Found | Refusal | None":
+        """What this root holds for ``key``, judged and never acted on: a verified entry, why it
+        would be refused, or None (no entry).
+
+        The one place the checks of a lookup live (trust of every level, seal, signature, key,
+        environment, host CPU, device facts, checksums): a lookup acts on the verdict (quarantine,
+        one warning), ``cute-diskcache check`` reports it without touching anything.
+        """
         path = self.entry_dir(key)
         bad = trust.first_untrusted(self.root, path, owner=self.owner)
         if bad is not None:
             where, why = bad
-            if where == path:  # the entry itself (a link, a directory we did not make): set it aside
-                self.quarantine(path, entry.EntryError("link" if os.path.islink(path) else "untrusted", why))
-            elif self._warn_once(where, "path", "cute-diskcache refuses %s: %s; entries under it are misses", where, why):
-                self.rejected += 1
-            return None
-        for attempt in range(2):
-            before = _manifest_stat(path)
-            try:
-                manifest = entry.read_manifest(path, hmac_key=self.hmac_key, owner=self.owner)
-                role = _role_to_load(manifest) if load else None
-                data = entry.verify(path, manifest, key, owner=self.owner, role=role)
-            except entry.EntryError as exc:
-                if exc.reason == "absent":
-                    return None
-                # A file where the entry's directory should be is as foreign as a bad manifest.
-                corrupt = exc.reason in entry.CORRUPT or (exc.reason == "unreadable" and os.path.lexists(path) and not os.path.isdir(path))
-                if not corrupt:
-                    self.note_refusal(path, exc)
-                    return None
-                if _manifest_stat(path) != before:  # rewritten, evicted or quarantined while we read
-                    if attempt == 0:
-                        continue
-                    return None
-                self.quarantine(path, exc, expect=before)
+            reason = "link" if where == path and os.path.islink(path) else "untrusted"
+            return Refusal(entry.EntryError(reason, why), where, corrupt=where == path)
+        manifest: dict[str, Any] | None = None
+        try:
+            manifest = entry.read_manifest(path, hmac_key=self.hmac_key, owner=self.owner)
+            role = _role_to_load(manifest) if load else None
+            data = entry.verify(path, manifest, key, owner=self.owner, role=role)
+        except entry.EntryError as exc:
+            if exc.reason == "absent":
                 return None
-            return Found(manifest, data, role or "object")
-        return None
+            # A file where the entry's directory should be is as foreign as a bad manifest.
+            corrupt = exc.reason in entry.CORRUPT or (exc.reason == "unreadable" and os.path.lexists(path) and not os.path.isdir(path))
+            return Refusal(exc, path, corrupt, manifest)
+        return Found(manifest, data, role or "object")
 
     def note_refusal(self, path: Path, exc: entry.EntryError) -> None:
         """A sound entry this process cannot use: a miss, counted and reported once; it stays."""
@@ -463,6 +484,19 @@ class Store:
             kind,
             exc,
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """Why a root's entry for a key would not be loaded (:meth:`Store.judge`)."""
+
+    error: entry.EntryError
+    #: the level refused: the entry's directory, or a directory above it
+    where: Path
+    #: damaged (a lookup quarantines it), as against sound but not for this process
+    corrupt: bool
+    #: the entry's manifest when it was read before the refusal (e.g. host CPU: what it needs)
+    manifest: dict[str, Any] | None = None
 
 
 class Found(tuple):  # type: ignore[type-arg]
