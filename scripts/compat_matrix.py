@@ -557,6 +557,7 @@ def write_markdown(results: list[dict[str, Any]], path: Path, run_info: dict[str
     if info:
         head += [f"Last full run: {info.get('date')}, {info.get('cells')} cells in {info.get('minutes')} min on {info.get('machine')}"
                  f" (code {info.get('code')}; {info.get('venvs', 'venvs built from pip cache')}).", ""]
+        head += [f"Rerun since: {note}" for note in info.get("reruns", [])] + ([""] if info.get("reruns") else [])
     counts = {status: sum(r["status"] == status for r in results) for status in ("proven", "refused", "failed")}
     head += [", ".join(f"{n} {status}" for status, n in counts.items()) + ".", ""]
     path.write_text("\n".join(head) + "\n" + table(results) + "\n")
