@@ -259,22 +259,28 @@ logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
 logging.getLogger("cute_diskcache").setLevel(logging.DEBUG)
 """
 
+
 @pytest.fixture
 def engine_as_nobody(public: Path, compile_hook_dir: Path) -> Callable[..., dict[str, Any]]:
-    """``run(root, *ms)``: the probe as uid 65534 (no groups), with a HOME it can write."""
+    """``run(root, *ms, logging_configured=True)``: the probe as uid 65534 (no groups), with a
+    HOME it can write; ``logging_configured=False`` leaves logging as an engine that never
+    configures it does (the cache's own handler then speaks)."""
     from conftest import run_probe
 
-    hook = public / "hook"
-    hook.mkdir(mode=0o755)
-    (hook / "sitecustomize.py").write_text((compile_hook_dir / "sitecustomize.py").read_text() + _ENGINE_LOGGING)
+    hooks = {}
+    for configured in (True, False):
+        hook = hooks[configured] = public / ("hook" if configured else "hook-plain")
+        hook.mkdir(mode=0o755)
+        (hook / "sitecustomize.py").write_text((compile_hook_dir / "sitecustomize.py").read_text() + (_ENGINE_LOGGING if configured else ""))
     stage = public / "stage"
     stage.mkdir()
     home = public / "home"
     home.mkdir()
     os.chown(home, NOBODY, NOBODY)
 
-    def run(root: Path, *ms: int, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
-        return run_probe(hook, root, *ms, prefix=prefix(NOBODY, stage=stage), extra_env={"HOME": str(home), **(extra_env or {})})
+    def run(root: Path, *ms: int, extra_env: dict[str, str] | None = None, logging_configured: bool = True) -> dict[str, Any]:
+        return run_probe(hooks[logging_configured], root, *ms, prefix=prefix(NOBODY, stage=stage),
+                         extra_env={"HOME": str(home), **(extra_env or {})})
 
     return run
 
@@ -291,16 +297,21 @@ def _bake(warm: Warm, public: Path) -> Path:
 def test_uid_65534_engine_hits_a_root_prewarmed_cache_with_no_compile(
     warm_micro_root: Warm, public: Path, engine_as_nobody: Callable[..., dict[str, Any]]
 ) -> None:
+    """Issue 20's done-when: root prewarmed, uid 65534 serves it with 0 compiles, and the
+    engine's stderr shows the hit with no logging configured."""
     root = _bake(warm_micro_root, public)
     before = _tree(root)
-    report = engine_as_nobody(root, 1)
+    report = engine_as_nobody(root, 1, logging_configured=False)
     assert report["real_compiles"] == 0, report["stderr"]
     assert report["counters"]["hits"] == 1 and report["counters"]["compiles"] == 0 and report["counters"]["writable"] is False
     assert report["records"][0]["launch_error"] == warm_micro_root.cold["records"][0]["launch_error"]
-    assert "DEBUG cute_diskcache: hit " in report["stderr"], report["stderr"]
+    ours = report["cache_log"]  # the [cute-diskcache] lines of the child's stderr
+    assert len(ours) == 2, ours
+    assert ours[0].startswith(f"[cute-diskcache] INFO attached: cache {root} (read-only), 1 entry for this stack"), ours
+    assert ours[1].startswith("[cute-diskcache] INFO this process: 1 hit, "), ours
     assert "WARNING" not in report["stderr"] and "refuses" not in report["stderr"], report["stderr"]
     assert _tree(root) == before
-    print(report["stderr"])
+    print("\n".join(ours))
 
 
 @pytest.mark.slow
