@@ -312,7 +312,6 @@ class CompileCache:
         )
         return kernel, extra
 
-
     def _why(self, key: CacheKey) -> str:
         return explain.why_missed(self.store, key, refused=self._refused.pop(key.digest, None))
 

@@ -60,6 +60,7 @@ def split_stderr(raw: str) -> tuple[str, list[str], int | None]:
             kept.append(m.group(2))
     return "\n".join(kept).strip(), ours, int(counted[-1]) if counted else None
 
+
 #: The child-side counter. The DSL is imported late (by flashinfer, after the target profile
 #: set CUTE_DSL_ARCH), so patch its compiler class when it gets imported, never earlier.
 _SITECUSTOMIZE = '''

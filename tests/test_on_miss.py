@@ -61,7 +61,7 @@ def test_error_still_serves_hits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.parametrize("value", ["compile", "warn", "", "bogus"])
 def test_compile_and_warn_compile_with_one_warning_saying_why(value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
+                                                              caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("CUTE_DISKCACHE_ON_MISS", value)
     cache = cachemod.CompileCache(Store(tmp_path / "cache"), single_flight=False)
     assert cache.on_miss == ("compile" if value in ("", "bogus") else value)

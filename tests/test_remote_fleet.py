@@ -395,7 +395,7 @@ def test_damaged_hit_value_falls_back_to_the_whole_entry(redis_db: Any, redis_ur
 
 
 def test_holder_whose_compile_fails_lets_a_waiter_compile_at_once(redis_db: Any, redis_url: str, tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The lease is released whatever the compile does: a waiter does not sit out the TTL."""
     import threading
 

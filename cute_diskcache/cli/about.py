@@ -118,7 +118,7 @@ def register(add: Add) -> None:
     p.add_argument("--all", action="store_true", help="list every site, not only the sm12x ones")
     add("info", cmd_info, "where the cache is and what it is keyed on")
     p = add("demo", cmd_demo, "cold vs warm engine start on a target profile (no GPU needed); "
-                               "--root DIR: the demo's cache root (default: a temporary one, removed afterwards)")
+                              "--root DIR: the demo's cache root (default: a temporary one, removed afterwards)")
     p.add_argument("--target", default="rtx-pro-6000")
     p.add_argument("--shape", default=demo.DEMO_SHAPE, help="experts,top_k,hidden,intermediate")
     p.add_argument("--m", type=int, nargs="+", default=list(demo.DEMO_MS))

@@ -134,4 +134,3 @@ def _kinds(rows: list[dict[str, Any]]) -> list[str]:
 def register(add: Add) -> None:
     p = add("check", cmd_check, "does the cache hold every kernel a model needs, usable on this host? (exit 0 / 1)")
     prewarm.add_plan_arguments(p)
-
