@@ -24,8 +24,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +33,8 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
+
+from loopback import free_port, start_redis  # noqa: E402  (bench/, beside this script)
 
 RESULTS = Path(__file__).parent / "results"
 BUCKET = "cdc-bench-fleet"
@@ -173,32 +173,6 @@ HITS = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise SystemExit("redis-server is not installed (apt-get install redis-server)")
-    port = _free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import redis
-
-    client = redis.Redis(port=port)
-    for _ in range(300):
-        try:
-            client.ping()
-            return proc, f"redis://127.0.0.1:{port}/0"
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("redis-server did not start")
-
-
 def _aws(endpoint: str) -> dict[str, str]:
     return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
             "AWS_ENDPOINT_URL": endpoint, "AWS_EC2_METADATA_DISABLED": "true"}
@@ -316,8 +290,8 @@ def main() -> int:
         code = tmp / "code"
         code.mkdir()
         (code / "cdc_fleet_kernel.py").write_text(KERNEL)
-        redis_proc, redis_url = _start_redis(tmp)
-        port = _free_port()
+        redis_proc, redis_url = start_redis(tmp)
+        port = free_port()
         moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
         moto.start()
         endpoint = f"http://127.0.0.1:{port}"

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import socket
 import statistics
 import subprocess
@@ -39,33 +38,9 @@ from typing import Any
 
 from cute_diskcache import _probe
 
+from loopback import free_port, start_redis  # noqa: E402  (bench/, beside this script)
+
 RESULTS = Path(__file__).parent / "results"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise SystemExit("redis-server is not installed (apt-get install redis-server)")
-    port = _free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import redis
-
-    client = redis.Redis(port=port)
-    for _ in range(300):
-        try:
-            client.ping()
-            return proc, f"redis://127.0.0.1:{port}/0"
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("redis-server did not start")
 
 
 def _hung_server() -> tuple[socket.socket, str]:
@@ -101,9 +76,9 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="cdc-bench-remote-") as tmp_s:
         tmp = Path(tmp_s)
-        redis_proc, url = _start_redis(tmp)
+        redis_proc, url = start_redis(tmp)
         hung_sock, hung_url = _hung_server()
-        dead_url = f"redis://127.0.0.1:{_free_port()}/0"
+        dead_url = f"redis://127.0.0.1:{free_port()}/0"
         # A fleet shares one signing key: without it the remote tier stays off (fail-closed).
         fleet = {"CUTE_DISKCACHE_HMAC_KEY": os.urandom(16).hex()}
         remote = {**fleet, "CUTE_DISKCACHE_REMOTE": url, "CUTE_DISKCACHE_REMOTE_TIMEOUT": str(args.timeout)}
