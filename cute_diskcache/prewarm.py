@@ -716,6 +716,9 @@ def _run(args: argparse.Namespace) -> int:
         return refuse(args, str(stack_refusal()))
     t0 = time.perf_counter()
     install(target=args.target)
+    from .cache import default_cache
+
+    default_cache().for_prewarm()  # the planner reports for itself: no engine attach line or summary
     pool = None if args.dry_run else start_workers(shape, args, args.jobs, dense)
     try:
         kernels = plan_model(args, shape, dense, ms, quiet=args.json)

@@ -117,4 +117,4 @@ def test_planning_says_what_it_is_doing(tmp_path: Path) -> None:
     proc = prewarm(tmp_path / "root", "--model", "qwen3-30b-a3b", "--target", TARGET, "--max-num-tokens", "64", "--dry-run")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in proc.stderr.replace("\r", "\n").splitlines() if ln.startswith("planning MoE")]
-    assert lines and "kernels=" in lines[-1] and "64/64" in lines[-1], proc.stderr[-3000:]
+    assert lines and "kernels" in lines[-1] and "64/64" in lines[-1], proc.stderr[-3000:]  # a plain line off a terminal

@@ -54,6 +54,10 @@ def s3() -> Iterator[tuple[str, Any]]:
     try:
         client = boto3.client("s3")
         client.create_bucket(Bucket=BUCKET)
+        # moto keeps its buckets in process-wide state: a module that imported this fixture and
+        # ran first (test_remote_fleet) leaves objects behind. The bucket is this module's, empty.
+        for obj in client.list_objects_v2(Bucket=BUCKET).get("Contents", []):
+            client.delete_object(Bucket=BUCKET, Key=obj["Key"])
         yield endpoint, client
     finally:
         for k, v in saved.items():
