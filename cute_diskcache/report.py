@@ -70,9 +70,14 @@ def _access(store: Any) -> str:
         return "read-only: CUTE_DISKCACHE_READONLY"
     if not store.writable:
         return "read-only"
-    root = Path(store.root)
-    if root.exists() and not os.access(root, os.W_OK | os.X_OK):
-        return "read-only: no write permission"
+    # The first miss finds out for sure (and warns once); say now what the filesystem says.
+    # A root not made yet is made in its nearest existing ancestor: a read-only mount, a full
+    # volume's read-only remount or a directory we may not write shows there (access(2): EROFS).
+    level = Path(store.root)
+    while not level.exists() and level.parent != level:
+        level = level.parent
+    if not os.access(level, os.W_OK | os.X_OK):
+        return "read-only: no write permission" if level == Path(store.root) else f"read-only: cannot create it in {level}"
     return "writable"
 
 

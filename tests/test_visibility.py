@@ -135,3 +135,20 @@ def test_log_level_off_says_nothing_even_when_compiling(micro_copy: Any, compile
                           capture_output=True, text=True, timeout=300, cwd=compile_hook_dir)
     assert proc.returncode == 0
     assert proc.stderr == "cdc-test real compiles: 1\n", proc.stderr  # the test's own counter, and nothing of ours
+
+
+def test_attach_line_says_read_only_for_a_root_it_cannot_create(tmp_path: Path) -> None:
+    """A root not made yet on a read-only mount was announced "writable", then the first miss
+    warned that it could not write: the attach line asks the nearest existing level."""
+    from cute_diskcache import report
+    from cute_diskcache.store import Store
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", str(ro)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a read-only tmpfs here (needs root)")
+    try:
+        assert report._access(Store(ro / "cache")) == f"read-only: cannot create it in {ro}"
+        assert report._access(Store(tmp_path / "rw" / "cache")) == "writable"
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
