@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -11,19 +10,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever pytest's import mode
 
 from _helpers import flip_byte, make_artifact, make_key, payload_path, rewrite_manifest  # noqa: E402
+from test_bundle import _isolated  # noqa: E402,F401  (autouse: no settings from the environment, no fsync, no stats file)
 
-from cute_diskcache import coverage, entry, hostcpu, stats  # noqa: E402
+from cute_diskcache import coverage, entry, hostcpu  # noqa: E402
 from cute_diskcache.store import Store  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("CUTE_DISKCACHE_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setattr(os, "fsync", lambda fd: None)
-    stats.reset_for_tests()
-    stats.bind(None)
 
 
 def tree(root: Path) -> dict[str, tuple[int, int]]:

@@ -3,7 +3,6 @@ entries will not be used here (they are imported all the same: a shared volume s
 
 from __future__ import annotations
 
-import os
 import platform
 import sys
 from pathlib import Path
@@ -13,19 +12,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever pytest's import mode
 
 from _helpers import make_artifact, make_env, make_key  # noqa: E402
+from test_bundle import _isolated  # noqa: E402,F401  (autouse: no settings from the environment, no fsync, no stats file)
 
-from cute_diskcache import bundle, cli, coverage, entry, staleness, stats  # noqa: E402
+from cute_diskcache import bundle, cli, coverage, entry, staleness  # noqa: E402
 from cute_diskcache.key import CacheKey  # noqa: E402
-
-
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("CUTE_DISKCACHE_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setattr(os, "fsync", lambda fd: None)
-    stats.reset_for_tests()
-    stats.bind(None)
 
 
 def put(root: Path, key: CacheKey) -> None:

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever pytest's import mode
 
 from _helpers import flip_byte, make_artifact, make_key, payload_path  # noqa: E402
-from _nobody import NOBODY, as_user, can_run_as_others, public_dir  # noqa: E402
+from _nobody import NOBODY, as_user, can_run_as_others  # noqa: E402
+from test_deploy_trust import fast_fsync, key, public  # noqa: E402,F401  (fixtures; fast_fsync is autouse)
 
 from cute_diskcache import cache, config, entry  # noqa: E402
 from cute_diskcache.key import CacheKey  # noqa: E402
@@ -28,23 +27,6 @@ from cute_diskcache.store import Store  # noqa: E402
 
 BAKED = make_artifact((b"\x44" * 48,))
 FRESH = make_artifact((b"\x55" * 48,))
-
-
-@pytest.fixture(autouse=True)
-def fast_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "fsync", lambda fd: None)
-
-
-@pytest.fixture
-def public() -> Iterator[Path]:
-    d = public_dir("cdc-layers-")
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
-def key() -> CacheKey:
-    return make_key("micro")
 
 
 @pytest.fixture
