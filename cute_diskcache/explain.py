@@ -25,6 +25,7 @@ from typing import Any
 
 from . import entry, layout
 from .key import CacheKey
+from .staleness import first_manifest
 
 #: Manifests read, at most, looking for entries of the missing kernel's site (one miss).
 MAX_MANIFESTS = 400
@@ -87,17 +88,6 @@ def _quarantined(root: Path, digest: str) -> str | None:
     return head.split("-", 1)[1] if "-" in head else head
 
 
-def _first_manifest(root: Path, ns: str) -> dict[str, Any] | None:
-    for d in layout.entry_dirs(root, [ns]):
-        if d.parent.parent.name != ns:
-            continue
-        try:
-            return entry.read_manifest(d)
-        except entry.EntryError:
-            continue
-    return None
-
-
 def _nearest(root: Path, key: CacheKey) -> str:
     ours = key.env.as_dict()
     own_ns = key.env.namespace
@@ -106,7 +96,7 @@ def _nearest(root: Path, key: CacheKey) -> str:
     for ns in layout.namespaces(root):
         if ns == own_ns:
             continue
-        manifest = _first_manifest(root, ns)
+        manifest = first_manifest(root, ns)
         if manifest is None or manifest.get("env", {}).get("kind") != ours["kind"]:
             continue
         theirs = manifest["env"]

@@ -86,15 +86,20 @@ def _entries_of(root: Path, ns: str) -> list[Path]:
     return [d for d in layout.entry_dirs(root, [ns]) if d.parent.parent.name == ns]
 
 
-def namespace_env(root: Path, ns: str) -> tuple[dict[str, Any], int] | None:
-    """The environment record of a namespace and its entry format; the first readable manifest wins."""
+def first_manifest(root: Path, ns: str) -> dict[str, Any] | None:
+    """The first readable manifest of a namespace: every entry of it shares one environment."""
     for d in _entries_of(root, ns):
         try:
-            m = entry.read_manifest(d)
+            return entry.read_manifest(d)
         except entry.EntryError:
             continue
-        return m["env"], m["format"]
     return None
+
+
+def namespace_env(root: Path, ns: str) -> tuple[dict[str, Any], int] | None:
+    """The environment record of a namespace and its entry format."""
+    m = first_manifest(root, ns)
+    return None if m is None else (m["env"], m["format"])
 
 
 def prune(root: Path, *, arch: str | None = None, older_than: float | None = None, recent: float = 86400.0,
