@@ -248,9 +248,29 @@ class Site:
 PLAN: list[dict[str, Any]] | None = None
 
 
-def planned_kernel(*_args: Any, **_kwargs: Any) -> None:
-    """What a site gets while planning: a kernel that launches nothing."""
-    return None
+class PlannedKernel:
+    """What a site gets while planning: a kernel that launches nothing, one per planned key.
+
+    One object per digest (not one shared stand-in), so what flashinfer memoises while planning
+    says which of our keys each of its own keys got: the key-completeness test reads flashinfer's
+    memo dicts back and checks no two of its kernels share one of ours.
+    """
+
+    __slots__ = ("digest",)
+
+    def __init__(self, digest: str) -> None:
+        self.digest = digest
+
+    def __call__(self, *_args: Any, **_kwargs: Any) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"PlannedKernel({self.digest[:12]})"
+
+
+def planned(kernel: Any) -> bool:
+    """Whether ``kernel`` is a planning stand-in (:class:`PlannedKernel`)."""
+    return isinstance(kernel, PlannedKernel)
 
 
 @contextlib.contextmanager
@@ -311,7 +331,7 @@ def through_cache(site: Site, call: Call, compile_fn: Callable[[], Any],
         return uncached()
     if PLAN is not None:
         PLAN.append({"kind": site.kind, "digest": key.digest, "key": key, "site": site.name})
-        kernel, extra = planned_kernel, _planned_extra(cache, key)
+        kernel, extra = PlannedKernel(key.digest), _planned_extra(cache, key)
     else:
         extra_fn = (lambda kernel: site.extra(kernel, call)) if site.extra else None
         kernel, extra = cache.get_or_compile(key, compile_fn, extra_fn=extra_fn, extra_ok=site.extra_ok)
@@ -320,7 +340,7 @@ def through_cache(site: Site, call: Call, compile_fn: Callable[[], Any],
             site.deliver(kernel, extra, call)
         except Exception as exc:  # side data is an optimisation: flashinfer then asks for itself
             log.error("cute-diskcache: %s side data not delivered (%s: %s)", site.name, type(exc).__name__, exc)
-    if site.adapt is not None and kernel is not planned_kernel:
+    if site.adapt is not None and not planned(kernel):
         kernel = site.adapt(kernel, extra, call)
     return kernel
 

@@ -206,7 +206,7 @@ def _left_to_flashinfer(native: NativeSite, build: Callable[[], Any], module_nam
     if _common.PLAN is not None:
         _common.PLAN.append({"kind": ident["kind"], "digest": ident["digest"], "site": ident["name"], "native": True,
                              "cached": ident["cached"], "path": ident.get("path")})
-        return _common.planned_kernel
+        return _common.PlannedKernel(ident["digest"])
     t0 = time.perf_counter()
     before = os.path.getmtime(ident["path"]) if ident.get("path") and os.path.exists(ident["path"]) else None
     result = build()

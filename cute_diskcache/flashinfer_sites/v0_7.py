@@ -143,7 +143,7 @@ def _deliver_block_dim(kernel: Any, extra: dict[str, Any], call: Call) -> None:
     stored = extra.get("block_dim_probe") if _block_dim_ok(extra) else {}
     if stored.get("block_dim") == block_dim and isinstance(stored.get("accepts"), bool):
         accepts = stored["accepts"]
-    elif kernel is _common.planned_kernel:
+    elif _common.planned(kernel):
         accepts = True  # planning with nothing on disk yet: the kernel's reqntid makes it the rule
     else:
         return  # an entry without the probe (should not happen): the hook probes
@@ -332,7 +332,7 @@ def _w4a16_wrapper(compiler: ModuleType, real: Any) -> Any:
             W4A16_SITE, call,
             lambda: real(func, *args, compile_spec=compile_spec, dsl_compile_options=dsl_compile_options, **kwargs),
         )
-        if kernel is not _common.planned_kernel:
+        if not _common.planned(kernel):
             with compiler._COMPILE_CACHE_LOCK:
                 compiler._COMPILE_CACHE[memo_key] = kernel
         return kernel
@@ -576,7 +576,7 @@ def native_sites(events: list[dict[str, Any]]) -> Iterator[None]:
         if _common.PLAN is not None:
             _common.PLAN.append({"kind": ident["kind"], "digest": ident["digest"], "site": ident["name"],
                                  "native": True, "cached": ident["cached"], "path": ident.get("path")})
-            return _common.planned_kernel
+            return _common.PlannedKernel(ident["digest"])
         ran: list[float] = []
 
         def counted() -> Any:
