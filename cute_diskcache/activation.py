@@ -203,9 +203,9 @@ def uninstall() -> None:
             for module in modules:
                 flashinfer_sites.unpatch(module)
         if DSL_CUTE in sys.modules:
-            from .flashinfer_sites import inline
+            from .flashinfer_sites import hook
 
-            inline.unpatch()
+            hook.unpatch()
 
 
 def installed() -> bool:

@@ -126,16 +126,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from cute_diskcache import flashinfer_sites
     from cute_diskcache.cache import default_cache
-    from cute_diskcache.flashinfer_sites import v0_7
+    from cute_diskcache.flashinfer_sites import block_dim, native
 
     probes: list[int] = []
-    real_probe = v0_7.probe_block_dim
+    real_probe = block_dim.probe_block_dim
 
     def counting_probe(compiled: Any, block_dim: int) -> Any:
         probes.append(block_dim)
         return real_probe(compiled, block_dim)
 
-    v0_7.probe_block_dim = counting_probe
+    block_dim.probe_block_dim = counting_probe
     drivers: dict[str, Callable[[], Any]] = {
         "direct_micro": _wrapper("nvfp4"),
         "w4a16": _wrapper("w4a16"),
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "block_dim_accepts": [bool(v[1]) for v in direct.values()],
         "probes": probes,
         "native_events": NATIVE_EVENTS,
-        "serving_native": v0_7.serving_native(),
+        "serving_native": native.serving(),
         # What flashinfer's native cache keys on of torch (its meta.json fingerprint).
         "native_torch_fingerprint": [p for p in _get_cute_dsl_version().split(";") if p.startswith("torch")],
     }

@@ -1,38 +1,23 @@
-"""The flashinfer adapter: the only code that knows how flashinfer compiles its sm12x MoE kernels.
+"""The flashinfer adapter: the only code that knows how flashinfer compiles its sm12x kernels.
 
-One module per flashinfer generation:
+One mechanism covers every release: :mod:`.hook` replaces the DSL's ``cutlass.cute.compile`` once,
+and a compile reached from a site listed in :mod:`.sites` (a table: where, which kind, what side
+data) goes through the cache, keyed by everything the compile receives. The one exception,
+:mod:`.native`, stands in front of flashinfer's own disk cache (0.6.18+) for the sites it builds
+through it, so that those compiles reach the hook at all. Beside them:
 
-* :mod:`.v0_6` - 0.6.12 to 0.6.17: moe_dispatch's static, micro and dynamic kernels, which
-  flashinfer keeps in memory only.
-* :mod:`.gemm` - every release: the b12x dense FP4 and MXFP8 GEMMs (SM120/SM121), which
-  flashinfer compiles in memory only (:mod:`.gemm_offline`: what their public API asks of a
-  card that is not in the machine).
-* :mod:`.getters` - every release that has them: kernel getters whose arguments determine the
-  kernel (the BF16 x FP4 dense GEMM and its m=1 GEMV, W4A16 NVFP4 linear layers; MSA's top-k,
-  combine and union kernels), in memory only in flashinfer.
-* :mod:`.inline` - every release that has them: sm12x kernels compiled inside an op or a
-  kernel runner (MSA, block-sparse attention, KDA, GDN, frost low-latency, expert-parallel MoE),
-  keyed by everything the compile receives.
-* :mod:`.native` - 0.6.18+: flashinfer's other natively cached sm12x kernels (SM12x CuTe FP4
-  GEMM, SM120 FMHA), served like moe_dispatch's.
-* :mod:`.v0_7` - 0.6.18 to 0.7.x: flashinfer persists those three itself, keyed on torch's
-  build; we serve them from our cache instead (``CUTE_DISKCACHE_NATIVE_SITES=flashinfer`` leaves
-  them to flashinfer; either way one kernel never has two caches), and cover the sites it still
-  leaves in memory (direct micro kernel, W4A16 compiler, nvfp4 W4A4/W4A16 runners, fp8 and
-  mxfp8 op modules).
-
-:mod:`.compat` holds what the compatibility matrix proved: the verified releases, the
-flashinfer + DSL combinations refused, and the checks a site passes before it is cached on a
-release outside the verified list.
+* :mod:`.block_dim` - side data: the direct micro kernel's launch probe answer;
+* :mod:`.offline` and :mod:`.gemm_offline` - a target profile's answers to flashinfer's device queries;
+* :mod:`.compat` - what the compatibility matrix proved (verified releases, refused combinations);
+* :mod:`.scan` - the site scan behind ``doctor`` (:func:`coverage_report`), with :mod:`.known`;
+* :mod:`.driving`, :mod:`.functional`, :mod:`.dense` - prewarm's drivers of flashinfer's own dispatch;
+* :mod:`._common` - versions, the Environment, planning and :func:`~._common.through_cache`.
 
 The activation hook hands us every module under :data:`.names.SITE_PACKAGES` as it is imported
-(:func:`patch`, :func:`apply_profile`); whatever we do not know is left alone.
-:func:`coverage_report` says, from the installed source, which sites are covered by whom.
+(:func:`patch`, :func:`apply_profile`) and the DSL as it is imported (:func:`attach_dsl`).
 """
 
 from __future__ import annotations
-
-import sys
 
 from .names import FLASHINFER_UTILS, MOE_DISPATCH, SM12X
 
@@ -53,10 +38,6 @@ _LAZY = {
     "flashinfer_version": "_common",
     "planning": "_common",
     "planned_requests": "_common",
-    "FIRST_NATIVE": "v0_6",
-    "FIRST_SUPPORTED": "v0_6",
-    "SITES": "v0_6",
-    "coverage": "v0_6",
 }
 
 __all__ = [
@@ -81,72 +62,61 @@ def __getattr__(name: str) -> Any:
 
 
 def patch(module: ModuleType) -> bool:
-    """Attach the disk cache to one flashinfer module (idempotent). True if sites there use it.
+    """Attach to one flashinfer module as it is imported (idempotent). True if we stand in it.
 
-    A flashinfer + DSL combination the compatibility matrix shows cannot work is refused
-    (:mod:`.compat`): nothing is attached, and one log line says why.
+    Every compile goes through :func:`attach_dsl`'s hook; a module needs more only where
+    flashinfer's native builder sits (:mod:`.native`) or moe_dispatch probes its kernels
+    (:mod:`.block_dim`). A flashinfer + DSL combination the compatibility matrix shows cannot
+    work is refused (:mod:`.compat`): nothing is attached, and one log line says why.
     """
-    from . import compat, gemm, getters, native, v0_6, v0_7
-    from ._common import flashinfer_version
+    from . import block_dim, compat, native
 
     if compat.refused():
         return False
-    if module.__name__ in gemm.MEMOS:
-        return gemm.patch(module)  # the b12x dense GEMMs (every release that has them)
-    if module.__name__ in getters.MODULES:
-        return getters.patch(module)  # the kernel getters: BF16 x FP4 GEMM and GEMV, MSA (every release that has them)
-    if module.__name__ == native.CORE:
-        return v0_7.applies(flashinfer_version()) and native.patch(module)
-    version = flashinfer_version()
-    if module.__name__ == MOE_DISPATCH and not v0_7.applies(version):
-        return v0_6.patch(module)  # below 0.6.12 it installs a proxy that passes everything
-    if v0_7.applies(version):
-        return v0_7.patch(module)
-    return False
+    if module.__name__ == MOE_DISPATCH:
+        block_dim.patch(module)
+        _warm_up(module)
+    return native.patch(module)
+
+
+def _warm_up(md: ModuleType) -> None:
+    """Do the once-per-process work at engine start, not on the first request: the kernel
+    sources' fingerprint and the cache's own warm-up (:meth:`~..cache.CompileCache.warm_up`)."""
+    import logging
+
+    from ..cache import default_cache
+    from ._common import site_sources
+
+    try:
+        site_sources(md.__name__)
+        default_cache().warm_up()
+    except Exception as exc:  # only an optimisation; the first compile retries
+        logging.getLogger("cute_diskcache").debug("warm-up skipped: %s", exc)
 
 
 def attach_dsl() -> bool:
-    """Route flashinfer's inline sites through the cache: one hook on ``cutlass.cute.compile``,
-    put in place as the DSL is imported (those sites' modules import it inside functions, or are
-    imported under names outside ``flashinfer.*``, so no flashinfer import announces them)."""
-    from . import compat, inline
+    """Route every site through the cache: one hook on ``cutlass.cute.compile``, put in place as
+    the DSL is imported (several sites import it inside functions, or are imported under names
+    outside ``flashinfer.*``, so no flashinfer import announces them)."""
+    from . import compat, hook
 
-    return not compat.refused() and inline.patch()
+    if compat.refused():
+        return False
+    compat.note_unverified()
+    return hook.patch()
 
 
 def unpatch(module: ModuleType) -> None:
     """Put back what :func:`patch` replaced in ``module`` (target profile stand-ins stay)."""
-    from . import gemm, getters, native, v0_7
+    from . import block_dim, native
 
-    v0_7.unpatch(module)
-    gemm.unpatch(module)
-    getters.unpatch(module)
     native.unpatch(module)
+    if module.__name__ == MOE_DISPATCH:
+        block_dim.unpatch(module)
 
 
 def apply_profile(module: ModuleType) -> None:
-    """With a target profile active, answer ``module``'s device queries from the profile.
+    """With a target profile active, answer ``module``'s device queries from it (:mod:`.offline`)."""
+    from .offline import apply_profile as apply
 
-    The DSL's max-active-clusters probe launches an occupancy query on the driver, which a box
-    without the card cannot answer (flashinfer would warn and fall back to the SM count); the
-    DSL's own driver attribute queries are answered from the profile (:mod:`..devicefacts`);
-    the 0.6.18+ sites ask more (see :func:`.v0_7.apply_profile`).
-    """
-    from .. import devicefacts, targets
-    from . import gemm_offline, v0_7
-    from ._common import flashinfer_version
-
-    profile = targets.active()
-    if profile is None:
-        return
-
-    def get_max_active_clusters(cluster_size: int) -> int:
-        return profile.max_active_clusters(cluster_size)
-
-    for mod in (sys.modules.get(FLASHINFER_UTILS), module):
-        if mod is not None and hasattr(mod, "get_max_active_clusters"):
-            mod.get_max_active_clusters = get_max_active_clusters
-    devicefacts.install_hook()  # the DSL bakes some driver answers into the IR
-    gemm_offline.apply(module, profile)  # what the GEMM API asks of the device
-    if v0_7.applies(flashinfer_version()):
-        v0_7.apply_profile(module, profile)
+    apply(module)

@@ -1,14 +1,9 @@
-"""What every flashinfer generation's adapter shares: the ``cute`` proxy, site records, planning.
+"""Owns what the adapter's modules share: versions, the key's Environment, planning, the cache path.
 
-A *site* is one function in a flashinfer module that calls ``cute.compile``. We never edit
-flashinfer's code; instead we replace the name ``cute`` *inside that module only* with a proxy
-whose ``compile`` looks at its caller. At a known site it builds a disk key from the site's own
-in-process key (read from the caller's frame) and goes through :class:`~..cache.CompileCache`;
-any other caller gets the real ``cute.compile`` untouched. flashinfer then memoises what we
-return in its own dicts, so its in-process behaviour is unchanged.
-
-Everything we change in a flashinfer module is recorded (:class:`Patches`), so ``unpatch``
-puts back exactly what was there.
+:func:`through_cache` is the one path every intercepted compile takes (key it, then hit, compile
+or plan); :class:`Site` says how (key, options, side data) and :class:`Call` is what one compile
+brought. Everything we change in a flashinfer or DSL module is recorded (:class:`Patches`), so
+``unpatch`` puts back exactly what was there.
 """
 
 from __future__ import annotations
@@ -17,7 +12,6 @@ import contextlib
 import dataclasses
 import enum
 import functools
-import hashlib
 import logging
 import re
 import sys
@@ -26,11 +20,10 @@ from types import ModuleType
 from typing import Any, Callable, Iterable, Iterator
 
 from ..cache import CompileCache, default_cache
-from ..key import CacheKey, Environment, SourceFacts, UnkeyableError, codegen_env, current_arch, keyed_env, source_facts
+from ..key import CacheKey, Environment, SourceFacts, UnkeyableError, source_facts
 
 log = logging.getLogger("cute_diskcache")
 
-from .names import FLASHINFER_UTILS, MOE_DISPATCH, SM12X  # noqa: E402,F401  (re-exported for the generations)
 
 
 # --------------------------------------------------------------------------------------------
@@ -64,29 +57,6 @@ def flashinfer_version() -> str:
 # --------------------------------------------------------------------------------------------
 # Keys
 # --------------------------------------------------------------------------------------------
-
-
-def plain(value: Any, depth: int = 0) -> Any:
-    """A flashinfer key element as data :func:`~..key.encode` accepts.
-
-    flashinfer's in-process keys hold frozen dataclasses (e.g. the direct micro kernel's shape
-    config); those become their class name plus every field, in declaration order, so two
-    configs differing in any field never share a key. Anything else unknown is left as is and
-    the encoder refuses it (the compile then runs uncached, never under a guessed key).
-    """
-    if depth > 32:
-        raise UnkeyableError("key nested deeper than 32 levels")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        cls = type(value)
-        return ("dataclass", f"{cls.__module__}.{cls.__qualname__}",
-                tuple((f.name, plain(getattr(value, f.name), depth + 1)) for f in dataclasses.fields(value)))
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # NamedTuple: keep its name too
-        return ("namedtuple", type(value).__qualname__, tuple(plain(v, depth + 1) for v in value))
-    if isinstance(value, (tuple, list)):
-        return type(value)(plain(v, depth + 1) for v in value)
-    if isinstance(value, dict):
-        return {plain(k, depth + 1): plain(v, depth + 1) for k, v in value.items()}
-    return value
 
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
@@ -140,18 +110,6 @@ def options_text(options: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}:{sorted((k, options_text(v)) for k, v in state.items())!r}"
 
 
-def compile_options(call: "Call") -> Any:
-    """What a site's compile options add to its key: the ``options=`` string, and the
-    ``cute.compile[...]`` subscript when that form was used. Any other keyword is one the key
-    would not capture (a newer flashinfer passing more to the DSL): that compile runs uncached."""
-    unkeyed = set(call.kwargs) - {"options"}
-    if unkeyed:
-        raise UnkeyableError(f"compile keywords the key does not capture: {', '.join(sorted(unkeyed))}")
-    if call.dsl_options is None:
-        return call.kwargs.get("options")
-    return (call.kwargs.get("options"), options_text(call.dsl_options))
-
-
 @functools.lru_cache(maxsize=None)
 def site_sources(module_name: str) -> SourceFacts:
     """The fingerprint of a site module's code and what it reaches (once per process: flashinfer
@@ -170,33 +128,8 @@ NOT_CODEGEN_ENV = frozenset({
 })
 
 
-@functools.lru_cache(maxsize=None)
-def environment(*module_names: str, kind: str = "flashinfer-moe") -> Environment:
-    """The core's Environment for a site: ``kind`` names the site family (the namespace's prefix).
-
-    ``sources`` fingerprints every named module (the site's own, and the module that defines
-    the kernel when that is another one), each with the flashinfer modules it reaches. Every
-    environment variable those modules read (found in their source, not a hand-kept list: a
-    release that adds ``FLASHINFER_B12X_SOMETHING`` is covered the day it ships) is keyed with
-    its value when set, beside the DSL's codegen variables, unless it is one of
-    :data:`~..key.NOT_CODEGEN_ENV` and :data:`NOT_CODEGEN_ENV`: flashinfer need not put a process-wide switch in its
-    in-process key, but entries shared across processes must carry it.
-    """
-    facts = [site_sources(name) for name in module_names]
-    prints = [f.fingerprint for f in facts]
-    sources = prints[0] if len(prints) == 1 else hashlib.sha256("".join(prints).encode()).hexdigest()
-    switches = {**codegen_env(), **keyed_env((name for f in facts for name in f.env_reads), not_codegen=NOT_CODEGEN_ENV)}
-    return Environment(
-        kind=kind,
-        package=f"flashinfer-python=={flashinfer_version()}",
-        sources=sources,
-        arch=current_arch(),
-        codegen_env=tuple(sorted(switches.items())),
-    )
-
-
 # --------------------------------------------------------------------------------------------
-# Sites and the proxy
+# Sites and the one path through the cache
 # --------------------------------------------------------------------------------------------
 
 
@@ -214,21 +147,19 @@ class Call:
 class Site:
     """A flashinfer function that compiles, and how to key, describe and hand back its kernel.
 
-    ``key(call)`` returns the site key: the site's own in-process key, plus anything the
-    compile depends on that flashinfer leaves out of it. ``extra(kernel, call)`` computes side
-    data stored beside the artifact; ``deliver(kernel, extra, call)`` hands that side data to
-    flashinfer on a hit and a miss alike, and ``extra_ok(extra)`` says whether side data read
-    from disk has the shape ``deliver`` expects (another writer version may have stored another;
-    such an entry is a miss). ``modules(call)`` names the modules whose source the kernel comes
-    from.
+    ``key(call)`` and ``env(call)`` make the key (:mod:`.hook`: everything the compile receives,
+    and the sources it comes from). ``extra(kernel, call)`` computes side data stored beside the
+    artifact; ``deliver(kernel, extra, call)`` hands that side data to flashinfer on a hit and a
+    miss alike, and ``extra_ok(extra)`` says whether side data read from disk has the shape
+    ``deliver`` expects (another writer version may have stored another; such an entry is a miss).
     """
 
     module: str
     function: str
     kind: str
     key: Callable[[Call], Any]
-    options: Callable[[Call], Any] = lambda call: compile_options(call)
-    modules: Callable[[Call], tuple[str, ...]] | None = None
+    env: Callable[[Call], Environment]
+    options: Callable[[Call], Any] = lambda call: call.kwargs.get("options")
     extra: Callable[[Any, Call], dict[str, Any]] | None = None
     deliver: Callable[[Any, dict[str, Any], Call], None] | None = None
     extra_ok: Callable[[dict[str, Any]], bool] | None = None
@@ -236,8 +167,6 @@ class Site:
     env_kind: str = "flashinfer-moe"  # the Environment's kind: the namespace's prefix (flashinfer-gemm, ...)
     #: What flashinfer gets: ``adapt(kernel, extra, call)`` (default: the kernel as the cache gave it).
     adapt: Callable[[Any, dict[str, Any], Call], Any] | None = None
-    #: The key's environment, when the site's code is not one module's (default: :func:`environment`).
-    env: Callable[[Call], Environment] | None = None
 
     @property
     def name(self) -> str:
@@ -315,12 +244,7 @@ def through_cache(site: Site, call: Call, compile_fn: Callable[[], Any],
     """
     uncached = uncached or compile_fn
     try:
-        if site.env is not None:
-            env = site.env(call)
-        else:
-            modules = site.modules(call) if site.modules else (site.module,)
-            env = environment(*modules) if site.env_kind == Site.env_kind else environment(*modules, kind=site.env_kind)
-        key = CacheKey(env, site.name, site.key(call), site.options(call))
+        key = CacheKey(site.env(call), site.name, site.key(call), site.options(call))
         key.digest  # noqa: B018 - encode now, so an unkeyable element is caught here
         cache = cache_fn()
     except UnkeyableError as exc:
@@ -335,13 +259,13 @@ def through_cache(site: Site, call: Call, compile_fn: Callable[[], Any],
     else:
         extra_fn = (lambda kernel: site.extra(kernel, call)) if site.extra else None
         kernel, extra = cache.get_or_compile(key, compile_fn, extra_fn=extra_fn, extra_ok=site.extra_ok)
-    if site.deliver is not None:
+    if site.adapt is not None and not planned(kernel):
+        kernel = site.adapt(kernel, extra, call)
+    if site.deliver is not None:  # after adapt: side data answers for the object flashinfer gets
         try:
             site.deliver(kernel, extra, call)
         except Exception as exc:  # side data is an optimisation: flashinfer then asks for itself
             log.error("cute-diskcache: %s side data not delivered (%s: %s)", site.name, type(exc).__name__, exc)
-    if site.adapt is not None and not planned(kernel):
-        kernel = site.adapt(kernel, extra, call)
     return kernel
 
 
@@ -416,44 +340,6 @@ def _planned_extra(cache: CompileCache, key: CacheKey) -> dict[str, Any]:
         return {}
 
 
-class _Compile:
-    """``cute.compile`` as one flashinfer module sees it: its sites go through the cache."""
-
-    def __init__(self, real: Any, sites: dict[Any, Site], dsl_options: Any = None) -> None:
-        self._real = real
-        self._sites = sites  # code object -> Site
-        self._dsl_options = dsl_options
-
-    def __getitem__(self, options: Any) -> "_Compile":
-        # cute.compile[OptLevel(3)](...): keep intercepting, remember the subscript for the key.
-        return _Compile(self._real[options], self._sites, dsl_options=options)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        frame = sys._getframe(1)
-        site = self._sites.get(frame.f_code)
-        local_vars = dict(frame.f_locals) if site is not None else {}
-        del frame
-        if site is None:
-            return self._real(*args, **kwargs)
-        call = Call(local_vars, args, kwargs, self._dsl_options)
-        return through_cache(site, call, lambda: self._real(*args, **kwargs))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-
-class _CuteProxy(ModuleType):
-    """A stand-in for ``cutlass.cute`` inside one flashinfer module; all but compile delegates."""
-
-    def __init__(self, real: ModuleType, compile_: _Compile) -> None:
-        super().__init__(real.__name__)
-        self.__dict__["_cdc_real"] = real
-        self.__dict__["compile"] = compile_
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["_cdc_real"], name)
-
-
 # --------------------------------------------------------------------------------------------
 # What we changed, so it can be undone
 # --------------------------------------------------------------------------------------------
@@ -524,32 +410,3 @@ class Patches:
 
 _ABSENT = object()
 PATCHES = Patches()
-
-
-def install_proxy(module: ModuleType, sites: dict[Any, Site]) -> bool:
-    """Put a :class:`_CuteProxy` with ``sites`` into ``module`` (idempotent). False if no ``cute``."""
-    with PATCHES.lock:
-        current = module.__dict__.get("cute")
-        if isinstance(current, _CuteProxy):
-            return True
-        if current is None:
-            return False
-        PATCHES.set(module, "cute", _CuteProxy(current, _Compile(current.compile, sites)))
-        return True
-
-
-def site_codes(module: ModuleType, sites: list[Site]) -> dict[Any, Site]:
-    """code object -> Site for the sites whose function exists in ``module``."""
-    import inspect
-
-    out = {}
-    for site in sites:
-        fn = getattr(module, site.function, None)
-        try:
-            fn = inspect.unwrap(fn) if fn is not None else None  # @torch.no_grad() and friends
-        except ValueError:  # a __wrapped__ cycle
-            pass
-        code = getattr(fn, "__code__", None)
-        if code is not None:
-            out[code] = site
-    return out

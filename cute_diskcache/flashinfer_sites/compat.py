@@ -8,31 +8,20 @@ through flashinfer's own dispatch and then hit in a fresh process with zero comp
 compile its kernels. cute-diskcache then attaches nothing and says so in one log line; flashinfer
 runs as it would without us (and fails the same way), rather than a cache half-working.
 
-**Unverified releases** (a 0.7.3, a 0.8 that appears later). The danger is a site whose
-in-process key no longer captures a codegen input. What can be checked is checked, from the
-release's own source, before a site is cached (:func:`site_problems`):
-
-* the site function still exists;
-* every frame local the adapter's key reads is still a local of that function;
-* the compile call still has the shape the adapter keys: the same callee, and no keyword the
-  key does not capture (``cute.compile(..., options=...)`` is keyed; a new keyword is not);
-* module state the adapter relies on (the W4A16 compiler's memo dict and lock) still exists.
-
-A site that passes is cached (its key is flashinfer's own in-process memo key plus the content
-hash of the sources it reaches, so a codegen input that key misses would already make flashinfer
-reuse a wrong kernel in memory); one that fails is passed through to flashinfer, uncached, with
-one warning naming the site and the check. ``doctor`` lists every site's checks on such a release.
+**Unverified releases** (a 0.7.3, a 0.8 that appears later) are served like verified ones: a
+site's key is everything its compile receives (:mod:`.hook`), not a site's in-process key that a
+new release could outgrow, so there is nothing per site to vet. What can change is *where* a
+release compiles: a site moved to a function the table does not name is not reached, and
+``doctor --strict`` (the site scan, :mod:`.scan`) shows it as covered by nothing. One log line
+says the release is unverified (:func:`note_unverified`).
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
 import importlib.metadata
 import logging
-from pathlib import Path
-from types import ModuleType
 from typing import Any, Iterable, Sequence
 
 from ._common import flashinfer_version, version_tuple
@@ -135,181 +124,26 @@ def verified(version: str | None = None) -> bool:
     return (version or flashinfer_version()) in VERIFIED
 
 
-# --------------------------------------------------------------------------------------------
-# Site checks for releases outside VERIFIED
-# --------------------------------------------------------------------------------------------
+_UNVERIFIED_LOGGED: list[bool] = []
 
 
-@dataclasses.dataclass(frozen=True)
-class SiteShape:
-    """What an adapter site relies on in flashinfer's source.
-
-    ``reads``: frame locals (or parameters) the key reads. ``calls``: callee (``cute.compile``
-    or ``build_and_load_cute_dsl_kernel``) -> the keywords it may pass, all of them keyed
-    (``**`` where the verified releases already pass a mapping whose keys are checked at run
-    time). ``module_globals``: names the adapter uses in the site's module.
-    """
-
-    reads: tuple[str, ...] = ()
-    calls: tuple[tuple[str, frozenset[str]], ...] = ()
-    module_globals: tuple[str, ...] = ()
-
-
-COMPILE = "cute.compile"
-BUILDER = "build_and_load_cute_dsl_kernel"
-
-
-def shape(reads: Sequence[str] = (), module_globals: Sequence[str] = (), **calls: Iterable[str]) -> SiteShape:
-    """``shape(("cache_key",), cute_compile={"options"})``: keyword names use ``_`` for ``.``."""
-    return SiteShape(tuple(reads), tuple((k.replace("cute_compile", COMPILE), frozenset(v)) for k, v in calls.items()),
-                     tuple(module_globals))
-
-
-def _function(tree: ast.Module, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
-            return node
-    return None
-
-
-def _frame_locals(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
-    """Parameters and names bound in ``fn``'s own scope (nested functions and lambdas excluded)."""
-    a = fn.args
-    names = {p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)}
-    names.update(p.arg for p in (a.vararg, a.kwarg) if p is not None)
-    stack: list[ast.AST] = list(fn.body)
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-            continue
-        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
-            continue
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
-        stack.extend(ast.iter_child_nodes(node))
-    return names
-
-
-def _callee(node: ast.Call) -> str | None:
-    func = node.func.value if isinstance(node.func, ast.Subscript) else node.func  # cute.compile[opts](...)
-    if isinstance(func, ast.Attribute) and func.attr == "compile" and isinstance(func.value, ast.Name):
-        return COMPILE  # cute.compile under any alias of cutlass.cute
-    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
-    return BUILDER if name == BUILDER else None
-
-
-def _module_globals(tree: ast.Module) -> set[str]:
-    out: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            out.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            out.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            out.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
-    return out
-
-
-def site_problems(tree: ast.Module, function: str, expected: SiteShape) -> list[str]:
-    """What no longer matches ``expected`` in ``function`` of a parsed flashinfer module ([] = fine)."""
-    fn = _function(tree, function)
-    if fn is None:
-        return [f"function {function} is gone"]
-    problems = []
-    missing = [name for name in expected.reads if name not in _frame_locals(fn)]
-    if missing:
-        problems.append(f"locals the key reads are gone: {', '.join(missing)}")
-    found: dict[str, list[set[str]]] = {}
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Call) and (callee := _callee(node)) is not None:
-            found.setdefault(callee, []).append({k.arg or "**" for k in node.keywords})
-    for callee, allowed in expected.calls:
-        if callee not in found:
-            problems.append(f"no {callee} call any more")
-            continue
-        extra = sorted(set().union(*found[callee]) - allowed)
-        if extra:
-            problems.append(f"{callee} passes {', '.join(extra)}, which the key does not capture")
-    gone = [name for name in expected.module_globals if name not in _module_globals(tree)]
-    if gone:
-        problems.append(f"module state gone: {', '.join(gone)}")
-    return problems
-
-
-@functools.lru_cache(maxsize=None)
-def _parsed(path: str) -> ast.Module | None:
-    try:
-        return ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
-    except (OSError, SyntaxError, UnicodeDecodeError):
-        return None
-
-
-def checks(module: ModuleType | Path, shapes: dict[str, SiteShape]) -> dict[str, list[str]]:
-    """function -> problems, for the sites of one module (a module object or its source file)."""
-    path = str(module) if isinstance(module, Path) else getattr(module, "__file__", None)
-    tree = _parsed(path) if path else None
-    if tree is None:
-        return {fn: ["source unavailable"] for fn in shapes}
-    return {fn: site_problems(tree, fn, expected) for fn, expected in shapes.items()}
-
-
-_WARNED: set[tuple[str, str]] = set()
-
-
-def vetted(module: ModuleType, functions: Iterable[str], shapes: dict[str, SiteShape]) -> set[str]:
-    """The site functions of ``module`` to cache: all of them on a verified release; on any other
-    release, those whose checks pass, with one warning for each one passed through."""
-    functions = set(functions)
+def note_unverified() -> None:
+    """One log line for a release the matrix has not proved (its sites are served all the same)."""
     version = flashinfer_version()
-    if verified(version):
-        return functions
-    ok = set()
-    results = checks(module, {fn: shapes[fn] for fn in functions if fn in shapes})
-    for fn in sorted(functions):
-        problems = results.get(fn, ["no checks known for this site"])
-        where = f"{module.__name__.rsplit('.', 1)[-1]}.{fn}"
-        if (module.__name__, fn) in _WARNED:
-            pass
-        elif problems:
-            log.warning("flashinfer %s is not a verified release and %s changed (%s): that site is passed through "
-                        "uncached", version, where, "; ".join(problems))
-        else:
-            log.info("flashinfer %s is not a verified release; %s passed its checks and is cached", version, where)
-        _WARNED.add((module.__name__, fn))
-        if not problems:
-            ok.add(fn)
-    return ok
+    if not verified(version) and not _UNVERIFIED_LOGGED:
+        _UNVERIFIED_LOGGED.append(True)
+        log.info("flashinfer %s is not a release the compatibility matrix proved; its sites are keyed by what they "
+                 "compile as on every release (`cute-diskcache doctor --strict` lists any it no longer reaches)", version)
 
 
-def module_file(package_dir: Path, module_name: str) -> Path:
-    """The source file of a flashinfer module, under an installed (or unpacked) package dir."""
-    rel = module_name.split(".", 1)[1].replace(".", "/") + ".py"
-    return package_dir / rel
-
-
-def report(package_dir: Path, version: str, tables: dict[str, dict[str, SiteShape]]) -> dict[str, Any]:
-    """For doctor: verified or not, the refusal (if any), and each adapter site's checks.
-
-    ``tables``: module name -> function -> shape, of the generation serving ``version``. The
-    refusal is only asked for the installed flashinfer (it reads the installed DSL).
-    """
-    site_checks = {}
-    for module_name, shapes in tables.items():
-        path = module_file(package_dir, module_name)
-        if not path.is_file():
-            continue
-        for fn, problems in checks(path, shapes).items():
-            site_checks[f"{path.name}:{fn}"] = problems
+def report(version: str) -> dict[str, Any]:
+    """For doctor: verified or not, and the refusal (only asked for the installed flashinfer: it
+    reads the installed DSL)."""
+    installed = version == flashinfer_version()
+    rule = refused_rule() if installed else None
     return {
         "verified": verified(version),
         "verified_releases": list(VERIFIED),
-        "refused": refusal() if version == flashinfer_version() else None,
-        "refused_evidence": refused_rule().evidence if version == flashinfer_version() and refused_rule() else None,
-        "site_checks": site_checks,
+        "refused": refusal() if installed else None,
+        "refused_evidence": rule.evidence if rule else None,
     }

@@ -9,8 +9,9 @@ import time
 from typing import Any, Iterator
 
 from .. import targets
-from . import v0_7
-from ._common import MOE_DISPATCH, flashinfer_version
+from . import native as native_builds
+from ._common import flashinfer_version, version_tuple
+from .names import MOE_DISPATCH, SM12X
 
 
 def import_dispatch() -> tuple[float, float]:
@@ -41,7 +42,7 @@ def kernel_cache_sizes() -> dict[str, int]:
                        ("dynamic", "_DYNAMIC_KERNEL_CACHE"), ("direct_micro", "_DIRECT_MICRO_KERNEL_CACHE")):
         if hasattr(md, attr):
             out[kind] = len(getattr(md, attr) or {})
-    compiler = sys.modules.get(v0_7.W4A16_COMPILER)
+    compiler = sys.modules.get(f"{SM12X}.moe_w4a16_compiler")
     if compiler is not None:
         out["w4a16"] = len(getattr(compiler, "_COMPILE_CACHE", {}) or {})
     return out
@@ -131,7 +132,7 @@ class Dispatcher:
         #: Why a dispatch on CPU tensors cannot mirror the card for this configuration (None:
         #: it can). Planning from such a dispatch would silently miss kernels.
         self.offline_limit: str | None = None
-        if device == "cpu" and quant_mode == "w4a16" and v0_7.applies(flashinfer_version()):
+        if device == "cpu" and quant_mode == "w4a16" and version_tuple(flashinfer_version())[:3] >= (0, 6, 18):
             self.offline_limit = (
                 f"flashinfer {flashinfer_version()} decides W4A16 routes on whether topk_ids is a CUDA tensor "
                 "and packs them on the GPU (route packing refuses CPU tensors for m > 1): plan W4A16 on the card"
@@ -166,10 +167,10 @@ class Dispatcher:
         w1, w1_sf, w2, w2_sf, ones = self._weights
         x, ids, weights = self._inputs(m)
         before = kernel_cache_sizes()
-        native: list[dict[str, Any]] = []
+        events = len(native_builds.EVENTS)
         t0 = time.perf_counter()
         launch_error = None
-        with _cpu_launch_stand_ins(device), v0_7.native_sites(native):
+        with _cpu_launch_stand_ins(device):
             try:
                 if functional:
                     from flashinfer.fused_moe.cute_dsl.b12x_moe import b12x_fused_moe
@@ -186,6 +187,8 @@ class Dispatcher:
                     raise
                 launch_error = f"{type(exc).__name__}: {exc}"
         after = kernel_cache_sizes()
+        native = native_builds.EVENTS[events:]
+        del native_builds.EVENTS[events:]
         return {
             "m": m,
             "seconds": time.perf_counter() - t0,

@@ -29,7 +29,8 @@ import importlib
 import sys
 from typing import Any, Callable, Iterator
 
-from ._common import MOE_DISPATCH, flashinfer_version
+from ._common import flashinfer_version
+from .names import MOE_DISPATCH
 
 
 def unsupported() -> str | None:

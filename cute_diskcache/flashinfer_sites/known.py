@@ -42,6 +42,14 @@ OWN_CACHES = {
     ("experimental/b12x/_lib/compiler.py", "compile"):
         "flashinfer's experimental b12x disk cache (keyed with torch's version)",
 }
+#: (file, function) -> why: natively cached sm12x sites left to flashinfer's cache: each compiles only
+#: under ``torch.cuda.device`` / from kernel sources its engine specialises for the device, which a
+#: box without the card cannot drive, so serving them from ours could not be proven here.
+NOT_SERVED = {
+    ("fused_moe/backends/cudnn_frost/runtime.py", "_load_source_cached"):
+        "cuDNN-Frost compiles sources its engine materialises for the device",
+    ("kda_kernels/sm120_prefill/runtime.py", "build_kernel"): "compiles under torch.cuda.device",
+}
 #: (file pattern, function) -> (file, function): generated kernel sources whose ``compile``
 #: only ever runs inside another site (cuDNN-Frost loads its per-arch sources through the
 #: native builder in ``runtime._load_source_cached``); they are persisted as that site is.

@@ -1,161 +1,62 @@
-"""flashinfer's natively cached sm12x kernels outside moe_dispatch, served from our cache.
+"""Owns the one exception to the hook: sites flashinfer builds through its own disk cache.
 
-flashinfer (0.6.18+) persists some sm12x kernels itself through
-``jit.cute_dsl_core.build_and_load_cute_dsl_kernel``: the SM12x CuTe FP4 GEMM runner
-(``mm_fp4(backend="cute-dsl")`` on SM120/SM121), the SM120 FP8 FMHA (ragged and paged), the
-SM120 KDA prefill and the cuDNN-Frost MoE backend's sm_120a sources. Its key for them includes a fingerprint of
-torch's build, so a cache prewarmed with a CPU torch misses on the GPU box (and the mismatch
-wipes the module directory): the problem :mod:`.v0_7` solves for moe_dispatch's three kernels,
-solved the same way. By default (``CUTE_DISKCACHE_NATIVE_SITES=cute-diskcache``) a call from one
-of :data:`SITES` (the SM12x CuTe GEMM and the SM120 FMHA; :data:`NOT_SERVED` says why the others
-are not yet) goes through our cache, keyed without torch; flashinfer's builder is then not called
-for it (its ``cached_ops`` is neither read nor written). ``=flashinfer`` leaves them to it.
+From 0.6.18 flashinfer persists some sm12x kernels itself through
+``jit.cute_dsl_core.build_and_load_cute_dsl_kernel(module, name, compile_fn, ...)``
+(moe_dispatch's static, micro and dynamic kernels, the SM12x CuTe FP4 GEMM runner, the SM120 FP8
+FMHA: the :data:`.sites.ROWS` marked ``native``). That builder reads flashinfer's disk cache
+*before* anything compiles, and keys it with a fingerprint of torch's build: a cache prewarmed with
+a CPU torch misses on the GPU box (and the mismatch wipes the module directory). A hook on
+``cute.compile`` alone would come too late (flashinfer's cache answers first) and, on a miss,
+leave the kernel in two caches. So this module stands in front of the builder for those callers:
 
-These callers import the builder inside the function (``from ...jit.cute_dsl_core import
-build_and_load_cute_dsl_kernel``), which reads the module attribute at call time, so that
-attribute is where we stand. Only the listed functions are served, recognised by their code
-object; every other caller (flashinfer's norm, attention, GEMM kernels for other archs, and
-moe_dispatch, which holds its own reference) reaches flashinfer's builder as before.
+* ``CUTE_DISKCACHE_NATIVE_SITES=cute-diskcache`` (default): the builder is skipped and
+  ``compile_fn`` runs, its ``cute.compile`` going through :mod:`.hook` like every other site's,
+  keyed the same way (without torch). A compile the hook cannot key is handed back
+  (:class:`~.hook.HandBack`) to flashinfer's builder, which then builds it as if we were not there.
+* ``=flashinfer``: flashinfer's builder builds it; while planning we only record which kernel it
+  would build (computed as flashinfer's cache does), otherwise whether it hit (:data:`EVENTS`).
 
-Site key: flashinfer's disk identity of the kernel (module and kernel name, which encode every
-specialisation parameter: flashinfer's own cache relies on that), the sha256 of every file it
-names as a key source, and the export format; plus, per site, the caller's own in-process key
-locals. Files that are imported modules also join the source fingerprint (with the modules
-they reach and the environment variables those read).
+Either way one kernel never has two caches. The builder is replaced where callers find it: the
+module attribute (callers import it inside the function, at call time) and moe_dispatch's global
+(imported by name). Every other caller (norm, attention, GEMM kernels for other archs) reaches
+flashinfer's builder as before.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
-import inspect
+import json
 import logging
-import os
 import sys
 import time
 from types import ModuleType
 from typing import Any, Callable
 
-from ..key import UnkeyableError
-from . import _common
-from ._common import PATCHES, Call, Site
+from . import _common, hook
+from .names import CUTE_DSL_CORE, MOE_DISPATCH
+from .sites import Row
 
 log = logging.getLogger("cute_diskcache")
 
-CORE = "flashinfer.jit.cute_dsl_core"
 BUILDER = "build_and_load_cute_dsl_kernel"
-_MISSING = object()
+_MARKER = "_cdc_native"
+#: flashinfer's own builds of native sites while they are left to it: hit/miss records for
+#: prewarm's workers and the dispatcher (appended here, read by :mod:`.driving`).
+EVENTS: list[dict[str, Any]] = []
+_WARNED: set[str] = set()
 
 
-@dataclasses.dataclass(frozen=True)
-class NativeSite:
-    """One flashinfer function that builds an sm12x kernel through the native builder."""
+def serves_native() -> bool:
+    """Whether flashinfer's natively cached sites are ours to serve (``CUTE_DISKCACHE_NATIVE_SITES``)."""
+    from .. import config
 
-    module: str
-    function: str
-    kind: str
-    file: str  # relative to flashinfer's package, for the coverage report
-    key_locals: tuple[str, ...] = ()  # the caller's in-process key, read from its frame
-    env_kind: str = "flashinfer-moe"
-    #: Only calls whose locals pass this are sm12x ones (a caller that serves several archs).
-    applies: Callable[[dict[str, Any]], bool] = lambda _locals: True
+    return config.load().native_sites == "cute-diskcache"
 
 
-SITES = (
-    NativeSite("flashinfer.gemm.kernels.sm12x_cute.runner", "_compile", "sm12x_cute", "gemm/kernels/sm12x_cute/runner.py",
-               key_locals=("n", "k", "tactic", "compute_capability"), env_kind="flashinfer-gemm"),
-    NativeSite("flashinfer.cute_dsl.attention.fmha.sm120.compile", "compile_sm120_fmha_fp8_ragged_kernel", "fmha_sm120_ragged",
-               "cute_dsl/attention/fmha/sm120/compile.py", env_kind="flashinfer-attention"),
-    NativeSite("flashinfer.cute_dsl.attention.fmha.sm120.compile", "compile_sm120_fmha_fp8_paged_kernel", "fmha_sm120_paged",
-               "cute_dsl/attention/fmha/sm120/compile.py", env_kind="flashinfer-attention"),
-)
-#: Natively cached sm12x sites left to flashinfer's cache for now, and why: each compiles only
-#: under ``torch.cuda.device`` / from kernel sources its engine specialises for the device, which
-#: a box without the card cannot drive, so serving them from ours could not be proven here.
-#: ``doctor`` lists them as flashinfer's.
-NOT_SERVED = {
-    ("fused_moe/backends/cudnn_frost/runtime.py", "_load_source_cached"):
-        "cuDNN-Frost compiles sources its engine materialises for the device",
-    ("kda_kernels/sm120_prefill/runtime.py", "build_kernel"): "compiles under torch.cuda.device",
-}
-#: (file relative to flashinfer's package, function) -> kind, for the coverage report while we serve them.
-COVERED = {(s.file, s.function): s.kind for s in SITES}
-
-
-@functools.lru_cache(maxsize=None)
-def _site_code(module: str, function: str) -> Any:
-    """The code object of a site function, once its module is imported (None before)."""
-    mod = sys.modules.get(module)
-    fn = getattr(mod, function, None) if mod is not None else None
-    try:
-        fn = inspect.unwrap(fn) if fn is not None else None  # functools.cache / lru_cache
-    except ValueError:
-        return None
-    return getattr(fn, "__code__", None)
-
-
-def _caller_site(frame: Any) -> NativeSite | None:
-    name = frame.f_globals.get("__name__")
-    for site in SITES:
-        if site.module == name and frame.f_code.co_name == site.function:
-            code = _site_code(site.module, site.function)
-            if code is None:
-                _site_code.cache_clear()  # imported after a miss was memoised
-                code = _site_code(site.module, site.function)
-            if frame.f_code is code:
-                return site
-    return None
-
-
-@functools.lru_cache(maxsize=4096)
-def _file_digest(path: str, size: int, mtime_ns: int) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.sha256(fh.read()).hexdigest()
-
-
-def key_sources(files: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
-    """flashinfer's key files: (imported flashinfer modules among them, (name, sha256) of each).
-
-    A module is named by its import name, any other file (a generated kernel source) by its
-    base name: never an absolute path, so a cache copied to another prefix still hits. A file
-    we cannot read is a key we cannot build: the kernel then goes to flashinfer's builder.
-    """
-    by_file = {os.path.realpath(f): name for name, mod in list(sys.modules.items())
-               if name.startswith("flashinfer") and isinstance(f := getattr(mod, "__file__", None), str)}
-    modules, digests = [], []
-    for path in files:
-        path = str(path)
-        try:
-            st = os.stat(path)
-            digest = _file_digest(os.path.realpath(path), st.st_size, st.st_mtime_ns)
-        except OSError as exc:
-            raise UnkeyableError(f"key source {os.path.basename(path)} unreadable: {exc}") from None
-        module = by_file.get(os.path.realpath(path))
-        if module is not None:
-            modules.append(module)
-        digests.append((module or os.path.basename(path), digest))
-    return tuple(dict.fromkeys(modules)), tuple(digests)
-
-
-def _key(call: Call) -> Any:
-    v = call.locals
-    return ("native", v["module_name"], v["kernel_name"], v["digests"], ("enable_tvm_ffi", v["enable_tvm_ffi"]),
-            ("caller", tuple((name, _common.plain(v["caller"][name])) for name in sorted(v["caller"]))))
-
-
-def _site(native: NativeSite) -> Site:
-    def modules(call: Call) -> tuple[str, ...]:
-        return tuple(dict.fromkeys((native.module, *call.locals["key_modules"])))
-
-    return Site(native.module, native.function, native.kind, _key, options=lambda call: None, modules=modules,
-                site_name=f"flashinfer.native.{native.kind}", env_kind=native.env_kind)
-
-
-_SITE_OBJECTS = {(s.module, s.function): _site(s) for s in SITES}
-#: flashinfer's own builds of these sites while they are left to it (opt-out): hit/miss records
-#: for prewarm's workers, appended by the builder, read and cleared by the dispatcher.
-NATIVE_EVENTS: list[dict[str, Any]] = []
+def _caller_row(frame: Any) -> Row | None:
+    found = hook._classify(frame.f_code)
+    return found if isinstance(found, Row) and found.native else None
 
 
 def _builder(real: Callable[..., Any]) -> Callable[..., Any]:
@@ -164,64 +65,114 @@ def _builder(real: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(real)
     def build_and_load_cute_dsl_kernel(module_name: str, kernel_name: str, compile_fn: Callable[[], Any],
                                        extra_key_files: Any = (), **kwargs: Any) -> Any:
-        frame = sys._getframe(1)
-        native = _caller_site(frame)
-        caller_locals = dict(frame.f_locals) if native is not None else {}
-        del frame
+        row = _caller_row(sys._getframe(1))
 
         def flashinfers() -> Any:
             return real(module_name, kernel_name, compile_fn, extra_key_files, **kwargs)
 
-        if native is None or set(kwargs) - {"enable_tvm_ffi"} or not native.applies(caller_locals):
+        if row is None or set(kwargs) - {"enable_tvm_ffi"}:
             return flashinfers()
-        enable_tvm_ffi = bool(kwargs.get("enable_tvm_ffi", True))
-        from .v0_7 import serves_native
-
         if not serves_native():
-            return _left_to_flashinfer(native, flashinfers, module_name, kernel_name, compile_fn, extra_key_files, enable_tvm_ffi)
-        missing = [name for name in native.key_locals if name not in caller_locals]
-        if missing:  # the caller changed shape: never a weaker key
-            log.warning("not caching %s kernel: its caller has no %s", native.kind, ", ".join(missing))
-            return flashinfers()
+            return _left_to_flashinfer(row, real, module_name, kernel_name, compile_fn, extra_key_files, kwargs)
+        seen: list[Row] = []
+        token = hook.SERVING_NATIVE.set(seen)
         try:
-            key_modules, digests = key_sources(tuple(str(f) for f in extra_key_files))
-        except UnkeyableError as exc:
-            log.warning("not caching %s kernel: %s", native.kind, exc)
+            kernel = compile_fn()  # its cute.compile goes through the hook
+        except hook.HandBack:
             return flashinfers()
-        call = Call({"module_name": module_name, "kernel_name": kernel_name, "digests": digests, "key_modules": key_modules,
-                     "enable_tvm_ffi": enable_tvm_ffi, "caller": {n: caller_locals[n] for n in native.key_locals}}, (), {})
-        return _common.through_cache(_SITE_OBJECTS[native.module, native.function], call, compile_fn, uncached=flashinfers)
+        finally:
+            hook.SERVING_NATIVE.reset(token)
+        if not seen and row.name not in _WARNED:  # compile_fn compiled outside cute.compile
+            _WARNED.add(row.name)
+            log.warning("cute-diskcache: %s built without a cute.compile the cache saw; it stays in memory", row.name)
+        return kernel
 
-    build_and_load_cute_dsl_kernel._cdc_native_sm12x = True  # type: ignore[attr-defined]
+    setattr(build_and_load_cute_dsl_kernel, _MARKER, True)
     return build_and_load_cute_dsl_kernel
 
 
-def _left_to_flashinfer(native: NativeSite, build: Callable[[], Any], module_name: str, kernel_name: str,
-                        compile_fn: Callable[[], Any], extra_key_files: Any, enable_tvm_ffi: bool) -> Any:
+def _left_to_flashinfer(row: Row, real: Callable[..., Any], module_name: str, kernel_name: str,
+                        compile_fn: Callable[[], Any], extra_key_files: Any, kwargs: dict[str, Any]) -> Any:
     """Opt-out: flashinfer builds it; while planning, only record which kernel it would build."""
-    from .v0_7 import native_identity
-
-    ident = native_identity(module_name, kernel_name, compile_fn, extra_key_files, enable_tvm_ffi)
-    ident["kind"] = f"native-{native.kind}"
+    ident = native_identity(module_name, kernel_name, compile_fn, extra_key_files, bool(kwargs.get("enable_tvm_ffi", True)))
+    ident["kind"] = f"native-{row.kind}"
     if _common.PLAN is not None:
         _common.PLAN.append({"kind": ident["kind"], "digest": ident["digest"], "site": ident["name"], "native": True,
                              "cached": ident["cached"], "path": ident.get("path")})
         return _common.PlannedKernel(ident["digest"])
+    ran: list[float] = []
+
+    def counted() -> Any:
+        t = time.perf_counter()
+        try:
+            return compile_fn()
+        finally:
+            ran.append(time.perf_counter() - t)
+
     t0 = time.perf_counter()
-    before = os.path.getmtime(ident["path"]) if ident.get("path") and os.path.exists(ident["path"]) else None
-    result = build()
-    after = os.path.getmtime(ident["path"]) if ident.get("path") and os.path.exists(ident["path"]) else None
-    NATIVE_EVENTS.append({"digest": ident["digest"], "kind": ident["kind"], "site": ident["name"], "path": ident.get("path"),
-                          "outcome": "hit" if before is not None and before == after else "miss",
-                          "seconds": time.perf_counter() - t0})
+    result = real(module_name, kernel_name, counted, extra_key_files, **kwargs)
+    EVENTS.append({"digest": ident["digest"], "kind": ident["kind"], "site": ident["name"], "path": ident.get("path"),
+                   "outcome": "miss" if ran else "hit", "seconds": ran[0] if ran else time.perf_counter() - t0})
     return result
 
 
+def native_identity(module_name: str, kernel_name: str, compile_fn: Any, extra_key_files: Any, enable_tvm_ffi: bool) -> dict[str, Any]:
+    """Which native kernel a ``build_and_load_cute_dsl_kernel`` call is, and whether it is on disk.
+
+    Computed as flashinfer's cache does (same spec, same source hash) without compiling.
+    """
+    from flashinfer.jit import cute_dsl_core as core
+
+    kind = "native-" + kernel_name.split("_", 1)[0]
+    out: dict[str, Any] = {"kind": kind, "name": f"{module_name}/{kernel_name}", "cached": False, "native": True}
+    try:
+        disabled = core.cute_dsl_cache_disabled()
+        sha = core._hash_source_files(tuple(extra_key_files))
+        spec = core.JitSpecCuteDsl(module_name, kernel_name, compile_fn, sha, **_spec_options(core, enable_tvm_ffi))
+        out.update(name=spec.name, path=str(spec.object_path), cached=bool(spec.is_compiled) and not disabled,
+                   disabled=disabled)
+        ident = json.dumps([spec.name, spec.expected_meta, str(spec.object_path)], sort_keys=True)
+    except Exception as exc:  # identity is for reporting; a failure must not stop dispatch
+        if "identity" not in _WARNED:  # once: a release whose native cache API moved shows up, not every kernel
+            _WARNED.add("identity")
+            log.warning("flashinfer %s: cannot tell whether its native kernels are cached (%s: %s); prewarm "
+                        "will list them as missing", _common.flashinfer_version(), type(exc).__name__, exc)
+        ident = json.dumps([module_name, kernel_name])
+    out["digest"] = hashlib.sha256(ident.encode()).hexdigest()
+    return out
+
+
+def _spec_options(core: ModuleType, enable_tvm_ffi: bool) -> dict[str, Any]:
+    """The keywords this release's ``JitSpecCuteDsl`` takes beyond the four positional ones.
+
+    ``enable_tvm_ffi`` arrived in 0.7.4; 0.6.18-0.7.2.post1 build every native kernel with
+    tvm-ffi and passing it is a TypeError (which once made every native kernel look uncached).
+    """
+    import inspect
+
+    if "enable_tvm_ffi" in inspect.signature(core.JitSpecCuteDsl.__init__).parameters:
+        return {"enable_tvm_ffi": enable_tvm_ffi}
+    if not enable_tvm_ffi:
+        raise TypeError(f"flashinfer {_common.flashinfer_version()} builds native kernels with tvm-ffi only")
+    return {}
+
+
+def serving(md: ModuleType | None = None) -> bool:
+    """Whether moe_dispatch's native sites go through our cache in this process right now."""
+    md = md if md is not None else sys.modules.get(MOE_DISPATCH)
+    return (md is not None and getattr(md.__dict__.get(BUILDER), _MARKER, False) and serves_native())
+
+
 def patch(module: ModuleType) -> bool:
-    """Stand between flashinfer's native builder and its sm12x callers (idempotent)."""
-    return module.__name__ == CORE and PATCHES.replace(module, BUILDER, "_cdc_native_sm12x", _builder)
+    """Stand in front of flashinfer's builder where ``module`` holds it (idempotent)."""
+    if module.__name__ not in (CUTE_DSL_CORE, MOE_DISPATCH) or BUILDER not in module.__dict__:
+        return False
+    return _common.PATCHES.replace(module, BUILDER, _MARKER, _builder)
 
 
 def unpatch(module: ModuleType) -> None:
-    if module.__name__ == CORE:
-        PATCHES.restore(module, (BUILDER,))
+    if module.__name__ in (CUTE_DSL_CORE, MOE_DISPATCH):
+        _common.PATCHES.restore(module, (BUILDER,))
+
+
+__all__ = ["BUILDER", "EVENTS", "native_identity", "patch", "serves_native", "serving", "unpatch"]

@@ -1,14 +1,67 @@
-"""Stand-ins for a card that is not in the machine, for flashinfer sites that look at tensors.
+"""Owns the stand-ins for a card that is not in the machine (a target profile): what flashinfer asks.
 
-Some sites build the compile-time description of their arguments from real tensors
-(``from_dlpack``): a CPU tensor there compiles a *different* kernel (generic instead of global
-memory). For an offline compile only, such a site's ``from_dlpack`` sees CPU tensors presented
-as CUDA ones (see :func:`.v0_7.apply_profile`).
+With a target profile active, flashinfer's device queries are answered from the profile, so an
+offline compile takes the decisions the card would (:func:`apply_profile`, called for every site
+module as it is imported):
+
+* max active clusters (flashinfer's ``get_max_active_clusters`` launches an occupancy query the
+  box cannot answer; flashinfer would warn and fall back to the SM count);
+* the DSL's own driver attribute queries (:mod:`..devicefacts`, which the DSL bakes into the IR);
+* what the GEMM API asks of the device (:mod:`.gemm_offline`);
+* 0.6.18+: moe_dispatch's ``_is_sm120_nvfp4`` asks whether the *tensors* live on an SM120 card
+  (on CPU tensors it says no and picks other cutovers than the card), and the direct micro
+  block-dim probe asks the driver (:mod:`.block_dim`);
+* sites that build the compile-time description of their arguments from real tensors
+  (``from_dlpack``): a CPU tensor there compiles a *different* kernel (generic instead of global
+  memory), so for an offline compile only their ``from_dlpack`` sees CPU tensors presented as
+  CUDA ones (:class:`CudaPresented`).
 """
 
 from __future__ import annotations
 
+import sys
+from types import ModuleType
 from typing import Any
+
+from .names import FLASHINFER_UTILS, MOE_DISPATCH, SM12X
+
+#: Modules whose sites compile against ``from_dlpack`` tensors (0.7.x nvfp4 runners, and the
+#: kernel modules of the fp8 / mxfp8 x mxfp4 op modules).
+_DLPACK_USERS = (f"{SM12X}.moe_nvfp4_w4a4", f"{SM12X}.moe_nvfp4_w4a16")
+_OP_MODULES = tuple(f"{SM12X}.moe_{fmt}_{op}" for fmt in ("fp8", "mxfp8_mxfp4")
+                    for op in ("fc1_act", "fc1_act_q1", "fc2_finalize", "gemm"))
+
+
+def apply_profile(module: ModuleType) -> None:
+    """With a target profile active, answer ``module``'s device queries from the profile."""
+    from .. import devicefacts, targets
+    from . import block_dim, gemm_offline
+
+    profile = targets.active()
+    if profile is None:
+        return
+
+    def get_max_active_clusters(cluster_size: int) -> int:
+        return profile.max_active_clusters(cluster_size)
+
+    for mod in (sys.modules.get(FLASHINFER_UTILS), module):
+        if mod is not None and hasattr(mod, "get_max_active_clusters"):
+            mod.get_max_active_clusters = get_max_active_clusters
+    devicefacts.install_hook()
+    gemm_offline.apply(module, profile)
+    name = module.__name__
+    if name == MOE_DISPATCH and hasattr(module, "_is_sm120_nvfp4"):
+        sm120 = tuple(profile.capability) == (12, 0)
+        module._is_sm120_nvfp4 = lambda device, quant_mode: sm120 and quant_mode == "nvfp4"
+        block_dim.patch(module)
+    users = [module] if name in _DLPACK_USERS else []
+    if name in _OP_MODULES:
+        kernel_mod = sys.modules.get(name.replace(".moe_", ".kernel_moe_", 1))
+        if kernel_mod is not None:
+            users.append(kernel_mod)
+    for mod in users:
+        if hasattr(mod, "from_dlpack"):
+            mod.from_dlpack = cuda_presenting(mod.from_dlpack)
 
 
 class CudaPresented:

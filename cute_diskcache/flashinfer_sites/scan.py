@@ -28,15 +28,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import compat, gemm, getters, inline, known, native, v0_6, v0_7
-from ._common import flashinfer_version
+from . import compat, known, sites
+from ._common import flashinfer_version, version_tuple
 from .names import MOE_BASE, package_path, table_name  # noqa: F401  (MOE_BASE, table_name: imported from here by others)
 
 COVERED_BY_US, NATIVE, NOTHING, PER_CALLER = "cute-diskcache", "flashinfer", "nothing", "per caller"
 STATUSES = (COVERED_BY_US, NATIVE, NOTHING, PER_CALLER)
 NATIVE_BUILDER = "build_and_load_cute_dsl_kernel"
 GEMM_HELPER = "_compile_block_scaled_gemm"
-#: Where v0_6/v0_7's adapter tables live (their files are named relative to it).
 #: What a top-level block with a compile site contains (a file must contain "compile" first).
 _COMPILE_TEXT = (".compile", "compile(", "compile[", "build_and_load_cute_dsl_kernel", "_compile_block_scaled_gemm")
 #: A line that starts with a string literal (the rest of a multi-line string) never starts a block.
@@ -269,34 +268,27 @@ def scan(package_dir: Path) -> list[Found]:
     return out
 
 
+#: The first release we cover, and the first that caches moe_dispatch's kernels itself.
+FIRST_SUPPORTED, FIRST_NATIVE = (0, 6, 12), (0, 6, 18)
+
+
+def _supported(version: str) -> bool:
+    return version_tuple(version)[:3] >= FIRST_SUPPORTED
+
+
+def _native_release(version: str) -> bool:
+    return version_tuple(version)[:3] >= FIRST_NATIVE
+
+
 def _table(version: str, native_ours: bool, package_dir: Path | None) -> dict[tuple[str, str], str]:
-    """(file relative to flashinfer's package, function) -> kind of the sites we serve for ``version``."""
-    moe: dict[tuple[str, str], str] = {}
-    if v0_6.applies(version):
-        moe = v0_6.COVERED
-    elif v0_7.applies(version):
-        moe = {**v0_7.COVERED, **(v0_7.NATIVE_COVERED if native_ours else {})}
-    table = dict(moe)
-    if v0_6.applies(version) or v0_7.applies(version):
-        table.update(gemm.COVERED)
-        table.update(getters.covered(package_dir) if package_dir is not None else {})
-        table.update(inline.covered(package_dir, version) if package_dir is not None else {})
-    if v0_7.applies(version) and native_ours:
-        table.update(native.COVERED)
-    return table
-
-
-def _shapes(version: str, native_ours: bool) -> dict[str, dict[str, compat.SiteShape]]:
-    """module -> function -> what the adapter relies on, for the sites serving ``version``."""
-    if v0_6.applies(version):
-        return v0_6.SHAPES
-    if v0_7.applies(version):
-        return {**v0_7.SHAPES, **(v0_7.NATIVE_SHAPES if native_ours else {})}
-    return {}
+    """(file as the scan names it, function) -> kind of the sites we serve for ``version``."""
+    if not _supported(version) or package_dir is None:
+        return {}
+    return sites.covered(package_dir, native=native_ours)
 
 
 def classify(found: list[Found], version: str, *, package_dir: Path | None = None, native_disabled: bool = False,
-             native_ours: bool = False, site_checks: dict[str, list[str]] | None = None) -> list[Found]:
+             native_ours: bool = False) -> list[Found]:
     """Set each site's status for flashinfer ``version``.
 
     Covered by us: a (file, function) in the adapter tables serving that version (with
@@ -304,30 +296,19 @@ def classify(found: list[Found], version: str, *, package_dir: Path | None = Non
     cover. Per caller: one of flashinfer's shared compile helpers (:data:`.known.HELPERS`).
     flashinfer: a cache of its own (:data:`.known.OWN_CACHES`), or the compile runs inside
     ``build_and_load_cute_dsl_kernel`` (unless ``FLASHINFER_CUTE_DSL_DISABLE_CACHE=1`` turns that
-    cache off). Everything else: nothing. On a release outside the verified list, an adapter
-    site whose ``site_checks`` found problems is passed through, so it is nothing's too.
+    cache off). Everything else: nothing.
     """
     table = _table(version, native_ours, package_dir)
-    inline_sites = set(inline.covered(package_dir, version)) if package_dir is not None else set()
-    unverified = site_checks is not None and not compat.verified(version)
-
-    def problems(file: str, function: str) -> list[str]:
-        # compat names a site by its file's base name (its tables are per module)
-        return (site_checks or {}).get(f"{os.path.basename(file)}:{function}") or [] if unverified else []
-
-    wrapped = {f"{package_path(file)}:{fn}" for file, fn in table if not problems(file, fn)}
+    wrapped = {f"{package_path(file)}:{fn}" for file, fn in table}
     own = {f"{file}:{fn}": why for (file, fn), why in known.OWN_CACHES.items()}
     for f in found:
         where = (f.file, f.function)
-        passed_through = problems(*where) if where in table else []
-        if where in table and not passed_through:
+        if where in table:
             f.status = COVERED_BY_US
             if f.native:
                 f.note = "flashinfer's native site, served from cute-diskcache (CUTE_DISKCACHE_NATIVE_SITES=flashinfer leaves it to flashinfer)"
-            elif where in inline_sites:
-                f.note = inline.NOTE
-            if unverified:
-                f.note = "unverified release, checks passed" + (f"; {f.note}" if f.note else "")
+            else:
+                f.note = sites.NOTE
         elif where in known.HELPERS:
             f.status, f.note = PER_CALLER, known.HELPERS[where]
         elif where in known.OWN_CACHES or (f.via is not None and f.via in own):
@@ -336,14 +317,12 @@ def classify(found: list[Found], version: str, *, package_dir: Path | None = Non
             f.status = NOTHING if native_disabled else NATIVE
             if native_disabled:
                 f.note = "flashinfer's native cache is off (FLASHINFER_CUTE_DSL_DISABLE_CACHE=1)"
-            elif where in native.NOT_SERVED:
-                f.note = f"flashinfer's native cache (keyed with torch's build); not served from ours: {native.NOT_SERVED[where]}"
+            elif where in known.NOT_SERVED:
+                f.note = f"flashinfer's native cache (keyed with torch's build); not served from ours: {known.NOT_SERVED[where]}"
         elif f.via is not None and f.via in wrapped:
             f.status, f.note = COVERED_BY_US, f"through {f.via}"
         else:
             f.status = NOTHING
-        if passed_through:
-            f.note = "unverified release, passed through uncached: " + "; ".join(passed_through) + (f"; {f.note}" if f.note else "")
     status = {(f.file, f.function): f for f in found}
     for f in found:
         target = known.compiled_through(f.path, f.function)
@@ -376,13 +355,15 @@ def flashinfer_dir() -> Path | None:
 
 
 def generation_name(version: str) -> str:
-    if v0_6.applies(version):
-        return "0.6.12-0.6.17: moe_dispatch sites and the b12x dense GEMMs, no native cache"
-    if v0_7.applies(version):
-        if v0_7.serves_native():
-            return "0.6.18+: cute-diskcache for every covered site, flashinfer's natively cached sm12x kernels included"
-        return "0.6.18+: flashinfer's native cache for its natively cached sm12x kernels (CUTE_DISKCACHE_NATIVE_SITES=flashinfer); cute-diskcache for the rest"
-    return f"unsupported (cute-diskcache covers flashinfer {'.'.join(map(str, v0_6.FIRST_SUPPORTED))}+)"
+    from .native import serves_native
+
+    if not _supported(version):
+        return f"unsupported (cute-diskcache covers flashinfer {'.'.join(map(str, FIRST_SUPPORTED))}+)"
+    if not _native_release(version):
+        return "0.6.12-0.6.17: every covered site through the compile hook, no native cache"
+    if serves_native():
+        return "0.6.18+: cute-diskcache for every covered site, flashinfer's natively cached sm12x kernels included"
+    return "0.6.18+: flashinfer's native cache for its natively cached sm12x kernels (CUTE_DISKCACHE_NATIVE_SITES=flashinfer); cute-diskcache for the rest"
 
 
 def sites_report(package_dir: Path | None = None, version: str | None = None) -> dict[str, Any]:
@@ -396,12 +377,12 @@ def sites_report(package_dir: Path | None = None, version: str | None = None) ->
     if package_dir is None:
         return {"flashinfer": None, "sites": [], "summary": {}, "groups": {}, "missing_adapter_sites": []}
     native_disabled = os.environ.get("FLASHINFER_CUTE_DSL_DISABLE_CACHE", "0") == "1"
-    native_ours = v0_7.applies(version) and v0_7.serves_native()
-    checked = compat.report(package_dir, version, _shapes(version, native_ours))
-    found = classify(scan(package_dir), version, package_dir=package_dir, native_disabled=native_disabled, native_ours=native_ours,
-                     site_checks=checked["site_checks"])
+    from .native import serves_native
+
+    native_ours = _native_release(version) and serves_native()
+    checked = compat.report(version)
+    found = classify(scan(package_dir), version, package_dir=package_dir, native_disabled=native_disabled, native_ours=native_ours)
     table = _table(version, native_ours, package_dir)
-    inline_sites = set(inline.covered(package_dir, version))
     present = {(f.file, f.function) for f in found}
     groups = summarize(found)
     summary = {s: groups[known.SM12X_ARCH][s] for s in (COVERED_BY_US, NATIVE, NOTHING)}
@@ -413,18 +394,14 @@ def sites_report(package_dir: Path | None = None, version: str | None = None) ->
         "verified_releases": checked["verified_releases"],
         "refused": checked["refused"],
         "refused_evidence": checked["refused_evidence"],
-        "site_checks": checked["site_checks"],
         "native_cache_disabled": native_disabled,
-        "native_sites": ("cute-diskcache" if native_ours else "flashinfer") if v0_7.applies(version) else None,
+        "native_sites": ("cute-diskcache" if native_ours else "flashinfer") if _native_release(version) else None,
         "sites": [asdict(f) for f in found],
         "summary": summary,
         "groups": groups,
-        # Adapter sites whose file exists but no longer compiles in that function: renamed
-        # or reworked upstream (a file the release does not have yet is not listed). Inline
-        # sites are no contract: one a release does not compile in is simply not reached.
-        "missing_adapter_sites": sorted(f"{file}:{fn}" for file, fn in table
-                                        if (package_dir / package_path(file)).is_file() and (file, fn) not in present
-                                        and (file, fn) not in inline_sites),
+        # Sites the release defines that the scan finds no compile in or under: reworked
+        # upstream, so the hook would no longer meet them there.
+        "missing_adapter_sites": sorted(f"{file}:{fn}" for file, fn in table if (file, fn) not in present),
     }
 
 
@@ -470,7 +447,7 @@ def coverage_report() -> dict[str, Any]:
 
 def _native_cache_dir(version: str | None) -> str | None:
     """Where flashinfer >= 0.6.18 keeps its own kernels (``<archs>`` is decided at its import)."""
-    if version is None or not v0_7.applies(version):
+    if version is None or not _native_release(version):
         return None
     base = os.environ.get("FLASHINFER_WORKSPACE_BASE") or str(Path.home())
     return str(Path(base) / ".cache" / "flashinfer" / version / "<archs>" / "cached_ops")

@@ -1,34 +1,35 @@
-"""flashinfer's inline compiles: sm12x kernels built inside an op, keyed by what the compile receives.
+"""Owns the one interception: ``cutlass.cute.compile``, and the key of every compile it serves.
 
-Some sm12x kernels are compiled in the middle of an op or a kernel runner (MSA's proxy score,
-sparse decode and prefill; block-sparse attention; KDA prefill; GDN decode; the frost
-low-latency MoE; the expert-parallel MoE's reduce and megakernels; on 0.6.12-0.6.17 the W4A16
-MoE kernels, 0.6.17's direct micro kernel and 0.6.12/0.6.13's b12x dense GEMM). They share no compile
-helper, several import ``cutlass.cute`` inside the function (no module global to proxy), and the
-expert-parallel kernels are imported from a ``sys.path`` entry under names outside
-``flashinfer.*``. So they are not patched one module at a time: the DSL's own
-``cutlass.cute.compile`` is replaced, once, by a dispatcher that looks at its caller's code
-object; a caller in :data:`SITES` (found by its file under flashinfer's package and its qualified
-name) goes through the cache, every other caller reaches the real compile after one dict lookup.
+Every covered sm12x compile, on every release, goes through this hook. The DSL's
+``cutlass.cute.compile`` is replaced, once, as the DSL is imported, by a dispatcher that looks at
+the frames above it: the nearest function listed in :data:`.sites.ROWS` (within
+:data:`.sites.DEPTH` frames) makes the compile a site, which goes through the cache; any other
+compile reaches the real one after a few dict lookups. A compile with one of flashinfer's own
+disk caches between it and the site is flashinfer's (one kernel, one cache), unless
+:mod:`.native` serves that build. flashinfer then memoises what we return in its own dicts, so its
+in-process behaviour is unchanged and a repeat never reaches us.
 
-Site key: everything the compile receives, as the DSL sees it (:func:`describe`), not
-flashinfer's in-process key (which names a device index, or leaves out what a frame variable
-fixes): the kernel object's class and every attribute it holds, a ``cute.jit`` function's
-qualified name, defaults and closure (the reduce launchers close over the hidden size and the
-grid), each tensor's element type, layout, alignment and memory space, fake tensors' symbolic
-extents numbered by identity across the call (two tensors sharing a symbol compile to another
-signature than two that do not), scalars and their DSL type, the stream's type, and the compile
-options. The source of the site's module, of every flashinfer module the arguments come from,
-and of the whole kernel tree for code imported from a ``sys.path`` entry joins the fingerprint,
-with every environment variable that code reads. The device class (capability and SM count) is
-part of every key's environment and driver attributes the compile reads are recorded and
-checked (:mod:`..devicefacts`), which covers what these kernels ask of the card. An argument
-:func:`describe` cannot describe, or options asking for artifacts a loaded kernel cannot
-carry (PTX, CUBIN, dump directories), leave that compile in memory, with one warning.
+Why one hook and not the site's own in-process key: a hand-written key is knowledge of what
+flashinfer's key leaves out, and a release that adds a compile argument the hand-written key does
+not name would make two kernels share an entry. The key here is everything the compile receives,
+as the DSL sees it (:class:`_Describer`): the kernel object's class and every attribute it holds,
+a ``cute.jit`` function's code (recursively), evaluated annotations, defaults and closure, each
+tensor's element type, layout, alignment and memory space, fake tensors' symbolic extents
+numbered by identity across the call, scalars and their DSL type (a value bound to a parameter
+the function declares as a dynamic DSL integer is a runtime argument: keyed by type, as the DSL
+compiles it), the stream's type, and the compile options. The source of the site's module, of
+the compile's module, of every flashinfer module the arguments come from, and of the whole kernel
+tree for code imported from a ``sys.path`` entry joins the fingerprint, with every environment
+variable that code reads. The device class (capability and SM count) is part of every key's
+environment and driver attributes the compile reads are recorded and checked
+(:mod:`..devicefacts`). An argument :class:`_Describer` cannot describe, a function from a module
+whose source no key fingerprints, or options asking for artifacts a loaded kernel cannot carry
+(CUBIN, dump directories) leave that compile in memory, with one warning.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import enum
 import functools
@@ -45,113 +46,11 @@ from pathlib import Path
 from typing import Any
 
 from ..key import Environment, UnkeyableError, code_digest, codegen_env, current_arch, env_reads, keyed_env
-from . import _common, gemm
+from . import _common, block_dim, sites
 from ._common import NOT_CODEGEN_ENV, Call, Site, arg_signature, options_text
+from .sites import Row
 
 log = logging.getLogger("cute_diskcache")
-
-
-@dataclasses.dataclass(frozen=True)
-class Inline:
-    """One function that compiles inline: its file under flashinfer's package, its qualified name."""
-
-    file: str
-    function: str  # qualified name as the site scan spells it ("launch_fwd._compile", "Cls.method")
-    kind: str
-    family: str  # site name flashinfer.<family>.<kind>; namespace flashinfer-<family>
-    #: Code imported through a ``sys.path`` entry (not as ``flashinfer.*``): the directory, under
-    #: flashinfer's package, whose every ``.py`` file joins the fingerprint.
-    tree: str | None = None
-    #: The first release where this function no longer compiles in place (None: none yet): from
-    #: there on it calls a compile wrapper that is the site, or :mod:`.v0_7` serves that wrapper.
-    before: tuple[int, ...] | None = None
-
-    def applies(self, version: str) -> bool:
-        return self.before is None or _common.version_tuple(version)[:3] < self.before
-
-
-_EP = "moe_ep/kernel_src/sm120"
-_SPLIT = f"{_EP}/split_cutedsl_megakernel"
-_SWAPAB = f"{_EP}/swapab_cutedsl_megakernel"
-_KDA = "kda_kernels/sm120_prefill"
-_MOE = "fused_moe/cute_dsl/blackwell_sm12x"
-_W4A16 = f"{_MOE}/moe_w4a16_kernel.py"
-
-SITES = (
-    Inline("msa_ops/proxy_score.py", "msa_proxy_score", "msa_proxy_score", "msa"),
-    Inline("msa_ops/proxy_score.py", "msa_proxy_score_fp4", "msa_proxy_score_fp4", "msa"),
-    Inline("msa_ops/sparse_decode.py", "msa_sparse_decode_attention", "msa_sparse_decode", "msa"),
-    Inline("msa_ops/sparse_prefill.py", "_msa_sparse_prefill", "msa_sparse_prefill", "msa"),
-    Inline("cute_dsl/sparse/bsa_attn_sm120.py", "bsa_attn_sm120_blk64_fwd", "bsa_fwd", "bsa"),
-    Inline("cute_dsl/sparse/bsa_attn_sm120.py", "bsa_attn_sm120_blk64_sage_fwd", "bsa_sage_fwd", "bsa"),
-    Inline(f"{_KDA}/decomp.py", "launch_prepare_device", "kda_prepare", "kda"),
-    Inline(f"{_KDA}/decomp.py", "launch_recurrence_device", "kda_recurrence", "kda"),
-    Inline(f"{_KDA}/decomp.py", "launch_fwd._compile", "kda_fwd", "kda"),
-    Inline(f"{_KDA}/fused.py", "prepare_launch._compile", "kda_fused", "kda"),
-    Inline("gdn_kernels/delta_rule_dsl/custom_compile_cache.py", "cached_compile", "gdn_delta_rule", "gdn"),
-    Inline("gdn_kernels/experimental/kernel/gdn_fused_decode_cutedsl_sm120_pdl.py", "execute", "gdn_decode", "gdn"),
-    Inline("fused_moe/backends/frost_low_latency/tc/deepseek_fp8.py", "execute", "frost_deepseek_fp8", "frost"),
-    Inline("fused_moe/backends/frost_low_latency/tc/runtime.py", "execute", "frost_grouped", "frost"),
-    Inline(f"{_SPLIT}/shim/runtime.py", "MegaMoESm120W4A8Frontend._ensure_compiled", "ep_w4a8_mega", "moe-ep", _SPLIT),
-    Inline(f"{_SPLIT}/src/moe_sm120_mxfp4mxfp8_split/kernel_combine_reduce.py", "compile_topk_reduce",
-           "ep_topk_reduce", "moe-ep", _SPLIT),
-    Inline(f"{_SPLIT}/src/moe_sm120_mxfp4mxfp8_split/kernel_combine_reduce.py", "compile_gated_topk_reduce",
-           "ep_gated_topk_reduce", "moe-ep", _SPLIT),
-    Inline(f"{_SPLIT}/src/moe_sm120_mxfp4mxfp8_split/kernel_combine_reduce.py", "compile_persistent_topk_reduce",
-           "ep_persistent_topk_reduce", "moe-ep", _SPLIT),
-    Inline(f"{_SPLIT}/src/moe_sm120_mxfp4mxfp8_split/kernel_rank_local_combine.py", "compile_rank_local_combine",
-           "ep_rank_local_combine", "moe-ep", _SPLIT),
-    Inline(f"{_SWAPAB}/shim/mxfp8.py", "MegaMoESm120Mxfp8Frontend._ensure_mega_compiled", "ep_mxfp8_mega", "moe-ep", _SWAPAB),
-    Inline(f"{_SWAPAB}/src/moe_nvfp4_swapab/megamoe_kernel.py", "Sm100MegaMoEKernel.aot_compile", "ep_swapab_aot",
-           "moe-ep", _SWAPAB),
-    Inline(f"{_SWAPAB}/src/moe_sm120_mxfp8_swapab/topk_reduce.py", "compile_topk_reduce", "ep_mxfp8_topk_reduce",
-           "moe-ep", _SWAPAB),
-    # The W4A16 MoE kernels compile in place up to 0.6.16; from 0.6.17 through the memoising
-    # wrapper below, which from 0.6.18 on :mod:`.v0_7` replaces (one kernel, one entry). All take
-    # the site name v0_7 gives that wrapper's kernels; the key tells them apart (site, kernel, tensors).
-    Inline(_W4A16, "compile_w4a16_gemm", "w4a16", "moe_w4a16_compiler", before=(0, 6, 17)),
-    Inline(_W4A16, "compile_w4a16_fused_moe", "w4a16", "moe_w4a16_compiler", before=(0, 6, 17)),
-    Inline(_W4A16, "compile_w4a16_activation", "w4a16", "moe_w4a16_compiler", before=(0, 6, 17)),
-    Inline(_W4A16, "compile_w4a16_topk_sum", "w4a16", "moe_w4a16_compiler", before=(0, 6, 17)),
-    Inline(f"{_MOE}/moe_w4a16_compiler.py", "compile", "w4a16", "moe_w4a16_compiler", before=(0, 6, 18)),
-    # 0.6.17's direct micro MoE kernel (from 0.6.18 :mod:`.v0_7`'s proxy serves it), with its
-    # block-dim probe answer stored beside it (:func:`_direct_micro_site`).
-    Inline(f"{_MOE}/moe_direct_micro_kernel.py", "compile_direct_micro_kernel", "direct_micro", "moe_direct_micro_kernel",
-           before=(0, 6, 18)),
-    # 0.6.12/0.6.13's b12x dense GEMM getter (``functools.cache``; it returns a closure around the
-    # kernel, so the getter's result cannot be stored: the compile inside it is). Gone in 0.6.14.
-    Inline("gemm/kernels/dense_blockscaled_gemm_sm120_b12x.py", "_get_compiled_dense_gemm", "b12x_dense_gemm", "gemm"),
-)
-_BY_WHERE = {(s.file, s.function): s for s in SITES}
-#: What ``doctor`` says of these sites.
-NOTE = "compiled inline; keyed by everything the compile receives (an argument it cannot describe: uncached, one warning)"
-_MARKER = "_cdc_inline"
-
-
-def covered(package_dir: Path, version: str | None = None) -> dict[tuple[str, str], str]:
-    """(file as the site scan names it, function) -> kind for the sites the release defines (by name
-    in its file) and compiles in place (:attr:`Inline.before`; default: the installed release)."""
-    from .names import table_name
-
-    version = version or _common.flashinfer_version()
-    out = {}
-    for s in SITES:
-        if not s.applies(version):
-            continue
-        path = package_dir / s.file
-        name = s.function.rpartition(".")[2]
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            continue
-        if f"def {name}(" in text:
-            out[(table_name(s.file), s.function)] = s.kind
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# What the compile receives, as data
-# --------------------------------------------------------------------------------------------
 
 
 class _Describer:
@@ -338,15 +237,43 @@ def _options(call: Call) -> Any:
 
 
 # --------------------------------------------------------------------------------------------
-# Sites
+# The key, its environment, and side data
 # --------------------------------------------------------------------------------------------
 
 
+def _dynamic_parameters(fn: Any, args: tuple[Any, ...]) -> set[int]:
+    """Positions in ``args`` bound to parameters ``fn`` declares as dynamic DSL integers.
+
+    The DSL compiles a value passed for a ``cutlass.Int32``-annotated parameter as a runtime
+    argument (only ``Constexpr`` and unannotated values are baked in), so the value does not
+    change the kernel: flashinfer's b12x GEMM passes each layer's scale extents that way and
+    compiles one kernel for every layer. Anything we cannot read keeps the value in the key.
+    """
+    try:
+        import cutlass
+
+        params = list(inspect.signature(fn).parameters.values())
+        annotations = inspect.get_annotations(getattr(fn, "__func__", fn), eval_str=True)
+    except Exception:
+        return set()
+    out = set()
+    for i, (param, value) in enumerate(zip(params, args)):
+        if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+            break
+        ann = annotations.get(param.name)
+        if (isinstance(ann, type) and issubclass(ann, cutlass.Integer) and isinstance(value, int)
+                and not isinstance(value, bool)):
+            out.add(i)
+    return out
+
+
 def _key(call: Call) -> Any:
-    describe = call.locals["describer"]
+    describe: _Describer = call.locals["describer"]
+    args = call.args
+    dynamic = _dynamic_parameters(args[0], args[1:]) if args and callable(args[0]) else set()
+    described = tuple(("dynamic", type(a).__name__) if i - 1 in dynamic else describe(a) for i, a in enumerate(args))
     extra = {k: v for k, v in call.kwargs.items() if k != "options"}
-    return ("inline", call.locals["site"], ("args", tuple(describe(a) for a in call.args)),
-            ("kwargs", describe(extra)))
+    return ("compile", call.locals["site"], call.locals["compiled_in"], ("args", described), ("kwargs", describe(extra)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -363,22 +290,22 @@ def _tree_facts(tree: str) -> tuple[str, tuple[str, ...]]:
 
 
 def _environment(call: Call) -> Environment:
-    """The site's module, the flashinfer modules its arguments come from, and its kernel tree."""
-    site: Inline = call.locals["inline"]
-    modules = [m for m in dict.fromkeys((call.locals["module"], *call.locals["describer"].modules))
+    """The site's module, the compile's, the flashinfer modules its arguments come from, its kernel tree."""
+    row: Row = call.locals["row"]
+    modules = [m for m in dict.fromkeys((*call.locals["modules"], *call.locals["describer"].modules))
                if m.startswith("flashinfer.") and m in sys.modules]
     facts = [_common.site_sources(m) for m in modules]
     prints = [f.fingerprint for f in facts]
     reads = {name for f in facts for name in f.env_reads}
-    if site.tree is not None:
-        tree_print, tree_reads = _tree_facts(site.tree)
-        prints.append(f"tree:{site.tree}:{tree_print}")
+    if row.tree is not None:
+        tree_print, tree_reads = _tree_facts(row.tree)
+        prints.append(f"tree:{row.tree}:{tree_print}")
         reads.update(tree_reads)
     if not prints:
-        raise UnkeyableError(f"no source to fingerprint for {site.file}:{site.function}")
+        raise UnkeyableError(f"no source to fingerprint for {row.file}:{row.function}")
     switches = {**codegen_env(), **keyed_env(reads, not_codegen=NOT_CODEGEN_ENV)}
     return Environment(
-        kind=f"flashinfer-{site.family}",
+        kind=row.namespace,
         package=f"flashinfer-python=={_common.flashinfer_version()}",
         sources=hashlib.sha256("".join(prints).encode()).hexdigest(),
         arch=current_arch(),
@@ -391,6 +318,8 @@ def _extra(kernel: Any, call: Call) -> dict[str, Any]:
              "kwargs_wrapper": getattr(kernel, "_kwargs_wrapper", None) is not None}
     if call.locals.get("wants_ptx"):
         extra["ptx_z"] = _packed_ptx(kernel)
+    if call.locals["row"].side == "block_dim":
+        extra.update(block_dim.extra(kernel, call.args[0]))
     return extra
 
 
@@ -411,13 +340,16 @@ def _packed_ptx(kernel: Any) -> bytes | None:
     return packed
 
 
-def _extra_ok(extra: dict[str, Any]) -> bool:
+def _extra_ok(extra: dict[str, Any], row: Row) -> bool:
     """A tvm-ffi kernel's entry needs its calling convention; a plain one's has none; PTX, when
-    stored, is bytes (a caller asking for PTX has it in its key's options, see :func:`_adapt`)."""
+    stored, is bytes (a caller asking for PTX has it in its key's options, see :func:`_adapt`);
+    a direct micro kernel's entry holds its block-dim probe."""
     wrapped = extra.get("kwargs_wrapper")
     if not isinstance(wrapped, bool) or ("ptx_z" in extra and not isinstance(extra["ptx_z"], bytes)):
         return False
-    return gemm.convention_ok(extra) if wrapped else extra.get("calling_convention") is None
+    if row.side == "block_dim" and not block_dim.extra_ok(extra):
+        return False
+    return _common.convention_ok(extra.get("calling_convention")) if wrapped else extra.get("calling_convention") is None
 
 
 class WithPtx:
@@ -434,8 +366,14 @@ class WithPtx:
         return getattr(self._kernel, name)
 
 
+def _deliver(kernel: Any, extra: dict[str, Any], call: Call) -> None:
+    if call.locals["row"].side == "block_dim":
+        block_dim.deliver(kernel, extra, call.args[0])
+
+
 def _adapt(kernel: Any, extra: dict[str, Any], call: Call) -> Any:
-    kernel = gemm.as_compiled(kernel, extra, call)
+    if _common.convention_ok(extra.get("calling_convention")):
+        kernel = _common.with_calling_convention(kernel, extra["calling_convention"])
     if not call.locals.get("wants_ptx"):
         return kernel
     try:
@@ -451,36 +389,12 @@ def _adapt(kernel: Any, extra: dict[str, Any], call: Call) -> Any:
     return WithPtx(kernel, zlib.decompress(packed).decode())
 
 
-def _site(site: Inline) -> Site:
-    return Site(site.file, site.function, site.kind, _key, options=_options, extra=_extra, extra_ok=_extra_ok,
-                adapt=_adapt, site_name=f"flashinfer.{site.family}.{site.kind}",
-                env_kind=f"flashinfer-{site.family}", env=_environment)
-
-
-def _direct_micro_site(site: Inline) -> Site:
-    """0.6.17's direct micro kernel: ``moe_dispatch`` probes every kernel it gets for the block
-    size it can launch, which a loaded kernel cannot answer (flashinfer's probe then says no and
-    turns the backend off). As :mod:`.v0_7` does from 0.6.18, the answer is stored beside the
-    kernel and the probe, hooked in ``moe_dispatch`` as the kernel is handed over, reads it."""
-    from . import v0_7
-
-    def with_kernel(call: Call) -> Call:  # v0_7's helpers read the kernel object from the frame
-        return dataclasses.replace(call, locals={**call.locals, "kernel": call.args[0]})
-
-    def extra(kernel: Any, call: Call) -> dict[str, Any]:
-        return {**_extra(kernel, call), **v0_7._block_dim_extra(kernel, with_kernel(call))}
-
-    def deliver(kernel: Any, extra: dict[str, Any], call: Call) -> None:
-        dispatch = sys.modules.get(v0_7.MOE_DISPATCH)
-        if dispatch is not None:
-            v0_7._hook_block_dim_probe(dispatch)
-        v0_7._deliver_block_dim(kernel, extra, with_kernel(call))
-
-    return dataclasses.replace(_site(site), extra=extra, deliver=deliver,
-                               extra_ok=lambda extra: _extra_ok(extra) and v0_7._block_dim_ok(extra))
-
-
-_SITE_RECORDS = {s: _direct_micro_site(s) if s.kind == "direct_micro" else _site(s) for s in SITES}
+@functools.lru_cache(maxsize=None)
+def site(row: Row) -> Site:
+    """The :class:`~._common.Site` record :func:`~._common.through_cache` takes for a row."""
+    return Site(row.file, row.function, row.kind, _key, _environment, options=_options, extra=_extra,
+                extra_ok=functools.partial(_extra_ok, row=row), deliver=_deliver, adapt=_adapt, site_name=row.name,
+                env_kind=row.namespace)
 
 
 # --------------------------------------------------------------------------------------------
@@ -500,8 +414,31 @@ def _where(code: types.CodeType) -> tuple[str, str] | None:
     return path[len(root) + 1:].replace(os.sep, "/"), qualname
 
 
+#: A frame of flashinfer's own disk caches: the compile is flashinfer's.
+_FLASHINFERS = "flashinfer's own cache"
+
+
+def _classify(code: types.CodeType) -> Row | str | None:
+    where = _where(code)
+    if where is None:
+        return None
+    if where[0] in sites.OWN_DISK_CACHES:
+        return _FLASHINFERS
+    return sites.BY_WHERE.get(where)
+
+
+class HandBack(Exception):
+    """Raised inside a build :mod:`.native` serves, for a compile we cannot key: flashinfer's
+    own builder (and its disk cache) then builds it, as if we were not there."""
+
+
+#: Set while :mod:`.native` runs a build it serves (the rows whose compiles the hook saw are added):
+#: a compile we cannot key is then handed back.
+SERVING_NATIVE: contextvars.ContextVar[list[Row] | None] = contextvars.ContextVar("cdc_serving_native", default=None)
+
+
 class _Dispatch:
-    """``cutlass.cute.compile`` for the whole process: inline sites through the cache."""
+    """``cutlass.cute.compile`` for the whole process: sites through the cache."""
 
     def __init__(self, real: Any, dsl_options: Any = None) -> None:
         self._real = real
@@ -511,33 +448,55 @@ class _Dispatch:
         return _Dispatch(self._real[options], options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        frame = sys._getframe(1)
-        code = frame.f_code
-        module = frame.f_globals.get("__name__", "")
-        del frame
-        try:
-            site = _CODES[code]
-        except KeyError:
-            site = _CODES[code] = _lookup(code)
-        if site is None or not _ENABLED:
+        found = _find_site(sys._getframe(1)) if _ENABLED else None
+        if found is None:
             return self._real(*args, **kwargs)
-        call = Call({"inline": site, "site": f"{site.file}:{site.function}", "module": module,
+        row, modules, compiled_in = found
+        call = Call({"row": row, "site": f"{row.file}:{row.function}", "compiled_in": compiled_in, "modules": modules,
                      "describer": _Describer(), "wants_ptx": wants_ptx(self._dsl_options)}, args, kwargs, self._dsl_options)
-        return _common.through_cache(_SITE_RECORDS[site], call, lambda: self._real(*args, **kwargs))
+        serving = SERVING_NATIVE.get()
+        if serving is not None:
+            serving.append(row)
+        uncached = _hand_back if serving is not None else None
+        return _common.through_cache(site(row), call, lambda: self._real(*args, **kwargs), uncached=uncached)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
 
 
-def _lookup(code: types.CodeType) -> Inline | None:
-    where = _where(code)
-    site = _BY_WHERE.get(where) if where is not None else None
-    return site if site is not None and site.applies(_common.flashinfer_version()) else None
+def _hand_back() -> Any:
+    raise HandBack
 
 
-_CODES: dict[types.CodeType, Inline | None] = {}
+def _find_site(frame: types.FrameType | None) -> tuple[Row, tuple[str, ...], str] | None:
+    """The nearest site above a compile: (row, modules of the frames up to it, where the compile is)."""
+    modules: list[str] = []
+    compiled_in = ""
+    for depth in range(sites.DEPTH):
+        if frame is None:
+            return None
+        code = frame.f_code
+        try:
+            found = _CODES[code]
+        except KeyError:
+            found = _CODES[code] = _classify(code)
+        if found is _FLASHINFERS:
+            return None
+        module = frame.f_globals.get("__name__", "")
+        if _ours(module):
+            modules.append(module)
+        if depth == 0:
+            compiled_in = getattr(code, "co_qualname", code.co_name)
+        if isinstance(found, Row):
+            return found, tuple(modules), compiled_in
+        frame = frame.f_back
+    return None
+
+
+_CODES: dict[types.CodeType, Row | str | None] = {}
 _ENABLED = False
 _LOCK = threading.Lock()
+_MARKER = "_cdc_inline"
 setattr(_Dispatch, _MARKER, True)
 
 
@@ -554,7 +513,7 @@ def patch() -> bool:
 
 
 def unpatch() -> None:
-    """Stop routing inline sites through the cache (the real compile is put back)."""
+    """Stop routing sites through the cache (the real compile is put back)."""
     global _ENABLED
     with _LOCK:
         _ENABLED = False
@@ -572,4 +531,4 @@ def describe(*args: Any) -> tuple[Any, ...]:
     return tuple(d(a) for a in args)
 
 
-__all__ = ["SITES", "Inline", "covered", "describe", "patch", "unpatch"]
+__all__ = ["HandBack", "SERVING_NATIVE", "describe", "patch", "site", "unpatch"]
