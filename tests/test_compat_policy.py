@@ -1,34 +1,42 @@
-"""The version policy: refused flashinfer + DSL combinations, and the checks an unverified release's
-sites pass before they are cached (``cute_diskcache.flashinfer_sites.compat``).
+"""The version policy: refused flashinfer + DSL combinations, and what an unverified release gets
+(``cute_diskcache.flashinfer_sites.compat``, with the site table ``flashinfer_sites.sites``).
 
-The checks read flashinfer's source, so these tests run on the installed release's real files
-(every adapter site must pass: a check that fails on a good release would disable the cache)
-and on copies of them with one thing changed, as a later release might change it. The same
-policy running inside a real flashinfer is in tests/test_unverified_release.py; the data here
-is tied to the committed matrix results (compat/cells/*.json).
+Every covered compile goes through one hook keyed by everything it receives (issue 22), so an
+unverified release is served like a verified one: nothing per site is vetted, and nothing a site
+does inside (a renamed local, a new compile keyword) can make its key fall short. What a release
+can change is *where* it compiles, which the site scan reads from flashinfer's source: these
+tests run it on the installed release's real files (every table row it defines must be ours), on
+0.7.4's (the venv tests/test_flashinfer_074.py uses), and on copies of the installed files with
+one thing changed, as a later release might change it. The same policy inside a real flashinfer
+is in tests/test_unverified_release.py; the data is tied to the committed matrix results
+(compat/cells/*.json).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from cute_diskcache import doctor
-from cute_diskcache.flashinfer_sites import compat, scan, v0_6, v0_7
-from cute_diskcache.flashinfer_sites._common import MOE_DISPATCH, Call, compile_options
-from cute_diskcache.key import UnkeyableError
+from cute_diskcache.flashinfer_sites import compat, hook, scan, sites
+from cute_diskcache.flashinfer_sites._common import Call
+from cute_diskcache.flashinfer_sites.names import table_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _compat, whatever pytest's import mode
 from _compat import matrix  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CELLS = REPO / "compat" / "cells"
-UNVERIFIED_06 = "0.6.17.post9"  # a post-release the matrix never ran: the 0.6 adapter, unverified
+UNVERIFIED_06 = "0.6.17.post9"  # a post-release the matrix never ran
+FI074 = Path(os.environ.get("CUTE_DISKCACHE_FI074_PYTHON") or REPO / ".venv-fi074" / "bin" / "python")
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +45,19 @@ def installed() -> Path:
     if package is None:
         pytest.skip("flashinfer is not installed")
     return package
+
+
+@pytest.fixture(scope="module")
+def fi074_package() -> Path:
+    """flashinfer 0.7.4's package directory in its venv (found, not imported: the scan reads source)."""
+    if not FI074.exists():
+        pytest.skip(f"no flashinfer 0.7.4 venv at {FI074} (scripts/make_fi074_venv.sh)")
+    code = ("import importlib.util as u, importlib.metadata as m; "
+            "print(m.version('flashinfer-python')); print(u.find_spec('flashinfer').submodule_search_locations[0])")
+    out = subprocess.run([str(FI074), "-c", code], capture_output=True, text=True, timeout=120, check=True, cwd="/")
+    version, package = out.stdout.split()
+    assert version == "0.7.4", f"{FI074} has flashinfer {version}"
+    return Path(package)
 
 
 def _copy(installed: Path, tmp_path: Path, edit: str = "", new: str = "") -> Path:
@@ -62,94 +83,152 @@ def _site(report: dict, function: str) -> dict:
     return next(s for s in report["sites"] if s["function"] == function)
 
 
+def _status(report: dict) -> dict[str, str]:
+    return {f"{s['file']}:{s['function']}": s["status"] for s in report["sites"]}
+
+
+def _rows(package: Path) -> dict[str, sites.Row]:
+    """The table rows a release defines, by the scan's name of them."""
+    return {f"{table_name(r.file)}:{r.function}": r for r in sites.ROWS if sites.defined(package, r)}
+
+
 # --------------------------------------------------------------------------------------------
-# Site checks
+# The site table on real releases
 # --------------------------------------------------------------------------------------------
 
 
-def test_every_adapter_site_of_the_installed_release_passes_its_checks(installed: Path) -> None:
+def test_every_table_row_the_installed_release_defines_is_ours(installed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from cute_diskcache.flashinfer_sites import flashinfer_version
 
-    version = flashinfer_version()
-    tables = v0_6.SHAPES if v0_6.applies(version) else {**v0_7.SHAPES, **v0_7.NATIVE_SHAPES}
-    checked = compat.report(installed, version, tables)["site_checks"]
-    assert checked and all(problems == [] for problems in checked.values()), checked
+    if flashinfer_version() != "0.6.15.post1":
+        pytest.skip(f"counts are 0.6.15.post1's; installed: {flashinfer_version()}")
+    monkeypatch.delenv("CUTE_DISKCACHE_NATIVE_SITES", raising=False)
+    report = scan.sites_report(installed, "0.6.15.post1")
+    rows = _rows(installed)
+    # moe_dispatch x3, the W4A16 kernels x4, the b12x FP4 runner, the BF16 x FP4 GEMM getter, GDN
+    assert len(rows) == 10, sorted(rows)
+    status = _status(report)
+    assert {name: status.get(name) for name in rows} == dict.fromkeys(rows, "cute-diskcache")
+    assert report["missing_adapter_sites"] == [] and not doctor.strict_failure(report)
 
 
-def test_unverified_release_whose_sites_pass_keeps_them_cached(installed: Path, tmp_path: Path) -> None:
-    report = scan.sites_report(_copy(installed, tmp_path), UNVERIFIED_06)
-    assert report["verified"] is False
-    micro = _site(report, "_get_micro_kernel")
-    assert micro["status"] == "cute-diskcache" and micro["note"] == "unverified release, checks passed"
-    assert "3 of 3 adapter sites pass their checks" in doctor.render(report)
+def test_every_table_row_0_7_4_defines_is_ours_and_native_rows_can_be_left_to_flashinfer(
+        fi074_package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUTE_DISKCACHE_NATIVE_SITES", raising=False)
+    monkeypatch.delenv("FLASHINFER_CUTE_DSL_DISABLE_CACHE", raising=False)
+    rows = _rows(fi074_package)
+    assert len(rows) == 51 and sum(r.native for r in rows.values()) == 6, sorted(rows)
+    report = scan.sites_report(fi074_package, "0.7.4")
+    status = _status(report)
+    assert {name: status.get(name) for name in rows} == dict.fromkeys(rows, "cute-diskcache")
+    assert report["missing_adapter_sites"] == [] and report["summary"]["nothing"] == 0
+    # Left to flashinfer, the rows it builds through its own disk cache are its; the rest stay ours.
+    monkeypatch.setenv("CUTE_DISKCACHE_NATIVE_SITES", "flashinfer")
+    status = _status(scan.sites_report(fi074_package, "0.7.4"))
+    assert {name: status.get(name) for name in rows} == {
+        name: "flashinfer" if row.native else "cute-diskcache" for name, row in rows.items()}
 
 
-def test_a_renamed_key_local_passes_the_site_through(installed: Path, tmp_path: Path) -> None:
-    """The key reads ``cache_key`` from the site's frame: a release that renames it gets no key."""
+def test_table_rows_name_one_site_each_and_a_known_namespace() -> None:
+    """The hook finds a row by (file, function): two rows there would make one of them unreachable."""
+    assert len(sites.BY_WHERE) == len(sites.ROWS)
+    assert {r.namespace for r in sites.ROWS} <= {"flashinfer-moe", "flashinfer-gemm", "flashinfer-attention",
+                                                 "flashinfer-msa", "flashinfer-bsa", "flashinfer-kda",
+                                                 "flashinfer-gdn", "flashinfer-frost", "flashinfer-moe-ep"}
+    assert all(r.name.startswith("flashinfer.") and r.name.endswith(r.kind) for r in sites.ROWS)
+
+
+# --------------------------------------------------------------------------------------------
+# An unverified release: served as it is; a moved site shows up in doctor --strict
+# --------------------------------------------------------------------------------------------
+
+
+def test_an_unverified_release_is_served_exactly_as_a_verified_one(installed: Path, tmp_path: Path) -> None:
+    """The matrix's verdict changes what doctor says of the release, never which sites are ours."""
+    pkg = _copy(installed, tmp_path)
+    unverified = scan.sites_report(pkg, UNVERIFIED_06)
+    assert unverified["verified"] is False and compat.VERIFIED[0] in unverified["verified_releases"]
+    verified = scan.sites_report(pkg, "0.6.15.post1")
+    assert verified["verified"] is True
+    assert _status(unverified) == _status(verified)
+    micro = _site(unverified, "_get_micro_kernel")
+    assert micro["status"] == "cute-diskcache" and micro["note"] == sites.NOTE
+    assert unverified["missing_adapter_sites"] == [] and not doctor.strict_failure(unverified)
+    text = doctor.render(unverified)
+    assert "NOT verified" in text and "its sites are served all the same" in text
+    assert "check" not in text  # no per-site vetting left to report
+
+
+def test_what_a_site_does_inside_its_function_no_longer_matters(installed: Path, tmp_path: Path) -> None:
+    """A renamed local and a new compile keyword (each once passed the site through uncached on an
+    unverified release): the key is what the compile receives, so the site stays ours."""
     body = _micro_source(installed)
-    pkg = _copy(installed, tmp_path, body, body.replace("cache_key", "micro_key"))
-    report = scan.sites_report(pkg, UNVERIFIED_06)
+    assert "cache_key" in body and "options=" in body
+    changed = re.sub(r"\bcache_key\b", "micro_key", body).replace("options=", "pipeline=\"fast\", options=", 1)
+    report = scan.sites_report(_copy(installed, tmp_path, body, changed), UNVERIFIED_06)
     micro = _site(report, "_get_micro_kernel")
-    assert micro["status"] == "nothing"
-    assert micro["note"] == "unverified release, passed through uncached: locals the key reads are gone: cache_key"
-    assert _site(report, "_get_static_kernel")["status"] == "cute-diskcache"
-    assert doctor.strict_failure(report)
-    assert "passed through uncached: moe_dispatch.py:_get_micro_kernel" in doctor.render(report)
-    # On a verified release the same source is trusted (the matrix proved the release as shipped).
-    assert _site(scan.sites_report(pkg, compat.VERIFIED[0]), "_get_micro_kernel")["status"] == "cute-diskcache"
+    assert micro["status"] == "cute-diskcache" and micro["calls"] == ["cute.compile"]
+    assert not doctor.strict_failure(report)
 
 
-def test_an_unkeyed_compile_keyword_passes_the_site_through(installed: Path, tmp_path: Path) -> None:
-    body = _micro_source(installed)
-    changed = re.sub(r"options=", "pipeline=\"fast\", options=", body, count=1)
-    assert changed != body
-    micro = _site(scan.sites_report(_copy(installed, tmp_path, body, changed), UNVERIFIED_06), "_get_micro_kernel")
-    assert micro["status"] == "nothing"
-    assert "cute.compile passes pipeline, which the key does not capture" in micro["note"]
+def test_a_compile_keyword_joins_the_key() -> None:
+    """What made a site "unkeyable" before (a keyword the hand-written key did not name) now keys it."""
+    def key(**kwargs: object) -> object:
+        return hook._key(Call({"describer": hook._Describer(), "site": "f.py:site", "compiled_in": "site"}, (1, "k"), kwargs))
+
+    assert key() == key()
+    assert key(pipeline="fast") != key() and key(pipeline="fast") != key(pipeline="slow")
+    assert key(options="--opt-level 2") == key(options="--opt-level 3")  # options: keyed apart (Site.options)
 
 
-def test_a_vanished_site_function_is_reported(installed: Path, tmp_path: Path) -> None:
+def test_a_site_moved_to_a_function_the_table_does_not_name_is_nothing(installed: Path, tmp_path: Path) -> None:
+    """The one thing a release can do to escape the hook: compile where no row looks. The row is
+    then simply absent on that release (not "missing"), and the new function is nobody's."""
     pkg = _copy(installed, tmp_path, "def _get_micro_kernel(", "def _get_micro_kernel_v2(")
-    checked = compat.report(pkg, UNVERIFIED_06, v0_6.SHAPES)["site_checks"]
-    assert checked["moe_dispatch.py:_get_micro_kernel"] == ["function _get_micro_kernel is gone"]
-    assert scan.sites_report(pkg, UNVERIFIED_06)["missing_adapter_sites"] == ["moe_dispatch.py:_get_micro_kernel"]
+    for version in (UNVERIFIED_06, "0.6.15.post1"):
+        report = scan.sites_report(pkg, version)
+        status = _status(report)
+        assert status["moe_dispatch.py:_get_micro_kernel_v2"] == "nothing"
+        assert "moe_dispatch.py:_get_micro_kernel" not in status
+        assert report["summary"]["nothing"] == 1 and report["missing_adapter_sites"] == []
+        assert doctor.strict_failure(report)
+        assert "nothing        fused_moe/cute_dsl/blackwell_sm12x/moe_dispatch.py:_get_micro_kernel_v2" in doctor.render(report)
 
 
-def test_site_checks_on_synthetic_sources() -> None:
-    """Each check on its own: locals (not nested-scope names), callee, keywords, module state."""
-    import ast
-
-    tree = ast.parse("import threading\n_CACHE = {}\n"
-                     "def site(a, *, b=None):\n"
-                     "    key = (a, b)\n"
-                     "    def inner():\n        hidden = 1\n        return cute.compile(a, options='x', **kw)\n"
-                     "    return build_and_load_cute_dsl_kernel('m', 'k', inner, extra_key_files=())\n")
-    ok = compat.shape(("a", "b", "key"), ("_CACHE",), cute_compile={"options", "**"},
-                      build_and_load_cute_dsl_kernel={"extra_key_files"})
-    assert compat.site_problems(tree, "site", ok) == []
-    assert compat.site_problems(tree, "site", compat.shape(("hidden",))) == ["locals the key reads are gone: hidden"]
-    assert compat.site_problems(tree, "site", compat.shape(cute_compile={"options"})) == [
-        "cute.compile passes **, which the key does not capture"]
-    assert compat.site_problems(tree, "other", ok) == ["function other is gone"]
-    assert compat.site_problems(tree, "site", compat.shape(module_globals=("_LOCK",))) == ["module state gone: _LOCK"]
-    no_builder = ast.parse("def site():\n    return cute.compile(1)\n")
-    assert compat.site_problems(no_builder, "site", compat.shape(build_and_load_cute_dsl_kernel=())) == [
-        "no build_and_load_cute_dsl_kernel call any more"]
+def test_a_row_the_release_defines_but_no_longer_compiles_in_is_missing(installed: Path, tmp_path: Path) -> None:
+    """_get_micro_kernel kept as a name whose compile moved elsewhere: the hook would not meet it there."""
+    pkg = _copy(installed, tmp_path, "def _get_micro_kernel(",
+                "def _get_micro_kernel(*args, **kwargs):\n    return None\n\n\ndef _build_micro_kernel(")
+    report = scan.sites_report(pkg, UNVERIFIED_06)
+    assert report["missing_adapter_sites"] == ["moe_dispatch.py:_get_micro_kernel"]
+    assert _status(report)["moe_dispatch.py:_build_micro_kernel"] == "nothing"
+    assert doctor.strict_failure(report)
+    assert "adapter sites not found" in doctor.render(report)
 
 
-def test_compile_keywords_the_key_does_not_capture_make_the_compile_uncached() -> None:
-    """Direct micro passes ``**compile_kwargs``: at run time only ``options`` may be in it."""
-    assert compile_options(Call({}, (), {"options": "--opt-level 2"})) == "--opt-level 2"
-    with pytest.raises(UnkeyableError, match="pipeline"):
-        compile_options(Call({}, (), {"options": "--opt-level 2", "pipeline": "fast"}))
+def test_note_unverified_says_one_info_line_and_warns_nothing(monkeypatch: pytest.MonkeyPatch,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(compat, "_UNVERIFIED_LOGGED", [])
+    monkeypatch.setattr(compat, "flashinfer_version", lambda: compat.VERIFIED[-1])
+    with caplog.at_level(logging.DEBUG, logger="cute_diskcache"):
+        compat.note_unverified()
+    assert caplog.records == []
+    monkeypatch.setattr(compat, "flashinfer_version", lambda: "0.7.3")
+    with caplog.at_level(logging.DEBUG, logger="cute_diskcache"):
+        compat.note_unverified()
+        compat.note_unverified()
+    assert [(r.levelname, r.getMessage().split(";")[0]) for r in caplog.records] == [
+        ("INFO", "flashinfer 0.7.3 is not a release the compatibility matrix proved")]
 
 
-def test_every_site_the_adapters_serve_has_a_shape() -> None:
-    """A site added to an adapter without its shape would be passed through on every unverified release."""
-    assert set(v0_6.SITES) == set(v0_6.SHAPES[MOE_DISPATCH])
-    assert set(v0_7.NATIVE_FUNCTIONS) == set(v0_7.NATIVE_SHAPES[MOE_DISPATCH])
-    covered = {(f"{m.rsplit('.', 1)[-1]}.py", fn) for m, fns in v0_7.SHAPES.items() for fn in fns}
-    assert covered == set(v0_7.COVERED)
+def test_report_says_verified_or_not_and_the_refusal() -> None:
+    from cute_diskcache.flashinfer_sites import flashinfer_version
+
+    assert compat.report(UNVERIFIED_06) == {"verified": False, "verified_releases": list(compat.VERIFIED),
+                                            "refused": None, "refused_evidence": None}
+    mine = compat.report(flashinfer_version())
+    assert mine["verified"] == (flashinfer_version() in compat.VERIFIED)
+    assert mine["refused"] == compat.refusal()
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cute_diskcache import doctor
-from cute_diskcache.flashinfer_sites import inline, scan
+from cute_diskcache.flashinfer_sites import scan, sites
 
 FI_VERSION = "0.6.15.post1"
 M = ""  # MoE-package sites keep their name relative to blackwell_sm12x/ (what compat_matrix keys on)
@@ -42,8 +42,8 @@ def installed_report() -> dict:
 
 def test_0_6_15_moe_dispatch_b12x_gemm_and_w4a16_sites_are_ours(installed_report: dict) -> None:
     status = _status(installed_report, "sm12x")
-    gdn = "gdn_kernels/delta_rule_dsl/custom_compile_cache.py:cached_compile"  # an inline site (flashinfer_sites/inline.py)
-    # 0.6.15.post1's W4A16 kernels compile with a plain cute.compile: inline sites (issue 22)
+    gdn = "gdn_kernels/delta_rule_dsl/custom_compile_cache.py:cached_compile"
+    # every one a row of the site table (flashinfer_sites/sites.py), through the one compile hook (issue 22)
     assert {s for s, st in status.items() if st == "cute-diskcache"} == MOE_DISPATCH_SITES | {B12X_FP4, gdn} | W4A16_SITES
     assert {s for s, st in status.items() if st == "nothing"} == set()
     paths = {s["path"] for s in installed_report["sites"] if s["file"] == "moe_dispatch.py"}
@@ -93,9 +93,8 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     return pkg
 
 
-# The adapter sites keep the shape the adapter relies on (the locals their keys read, the
-# compile call's keywords: flashinfer_sites.compat), so on this unverified "0.7.9" they pass
-# their checks; tests/test_compat_policy.py covers sites that do not.
+# Sites of the table (flashinfer_sites/sites.py) by file and function, on an unverified "0.7.9":
+# served as on a verified release (tests/test_compat_policy.py), whatever their bodies hold.
 NEW_RELEASE = {
     "moe_dispatch.py": """
         import cutlass.cute as cute
@@ -181,12 +180,29 @@ def test_scanner_classifies_a_release_it_has_never_seen(tmp_path: Path) -> None:
     assert report["verified"] is False
 
 
-def test_a_renamed_adapter_site_is_reported_missing(tmp_path: Path) -> None:
+def test_a_renamed_site_is_nothing_and_strict_fails(tmp_path: Path) -> None:
+    """A release that moves a site's compile to a function no row names: the hook would not meet
+    it, so doctor --strict says so (the old row is simply absent on that release)."""
     files = dict(NEW_RELEASE)
     files["moe_direct_micro_kernel.py"] = "import cutlass.cute as cute\n\ndef compile_v2(k):\n    return cute.compile(k)\n"
     report = scan.sites_report(_tree(tmp_path, files), "0.7.9")
+    status = _status(report)
+    assert status[f"{M}moe_direct_micro_kernel.py:compile_v2"] == "nothing"
+    assert f"{M}moe_direct_micro_kernel.py:compile_direct_micro_kernel" not in status
+    assert report["missing_adapter_sites"] == []
+    assert report["summary"]["nothing"] == 3  # compile_v2 beside NEW_RELEASE's two unknown sites
+    assert doctor.strict_failure(report)
+    assert "moe_direct_micro_kernel.py:compile_v2" in doctor.render(report)
+
+
+def test_a_row_defined_but_no_longer_compiling_is_reported_missing(tmp_path: Path) -> None:
+    files = dict(NEW_RELEASE)
+    files["moe_direct_micro_kernel.py"] = ("import cutlass.cute as cute\n\ndef compile_direct_micro_kernel(k):\n    return None\n"
+                                           "\ndef compile_v2(k):\n    return cute.compile(k)\n")
+    report = scan.sites_report(_tree(tmp_path, files), "0.7.9")
     assert report["missing_adapter_sites"] == [f"{M}moe_direct_micro_kernel.py:compile_direct_micro_kernel"]
     assert _status(report)[f"{M}moe_direct_micro_kernel.py:compile_v2"] == "nothing"
+    assert doctor.strict_failure(dict(report, summary=dict(report["summary"], nothing=0)))  # missing alone fails it
     assert "adapter sites not found" in doctor.render(report)
 
 
@@ -230,16 +246,22 @@ def test_native_sites_count_as_nothing_when_flashinfer_cache_is_off(tmp_path: Pa
     assert site["status"] == "cute-diskcache" and "CUTE_DISKCACHE_NATIVE_SITES" in site["note"]
 
 
-def test_the_same_tree_on_a_0_6_version_uses_that_generation(tmp_path: Path) -> None:
-    """Coverage is per version: under 0.6.15 moe_dispatch's own cute.compile sites are v0_6's and
-    a direct micro kernel compiled in place is the inline hook's (as 0.6.17's is), not v0_7's proxy."""
+@pytest.mark.parametrize("native_sites", [None, "flashinfer"])
+def test_the_same_tree_on_a_0_6_version_uses_that_generation(native_sites: str | None, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before 0.6.18 moe_dispatch compiles in memory: its rows are ours whatever
+    CUTE_DISKCACHE_NATIVE_SITES says, through the same hook as the direct micro kernel."""
+    if native_sites is None:
+        monkeypatch.delenv("CUTE_DISKCACHE_NATIVE_SITES", raising=False)
+    else:
+        monkeypatch.setenv("CUTE_DISKCACHE_NATIVE_SITES", native_sites)
     files = {"moe_dispatch.py": "import cutlass.cute as cute\n\ndef _get_micro_kernel(k):\n    cache_key = k\n    return cute.compile(k)\n",
              "moe_direct_micro_kernel.py": NEW_RELEASE["moe_direct_micro_kernel.py"]}
     report = scan.sites_report(_tree(tmp_path, files), "0.6.15.post1")
     assert _status(report) == {f"{M}moe_dispatch.py:_get_micro_kernel": "cute-diskcache",
                                f"{M}moe_direct_micro_kernel.py:compile_direct_micro_kernel": "cute-diskcache"}
-    micro = next(s for s in report["sites"] if s["function"] == "compile_direct_micro_kernel")
-    assert micro["note"] == inline.NOTE
+    assert {s["note"] for s in report["sites"]} == {sites.NOTE}
+    assert report["generation"].startswith("0.6.12-0.6.17") and report["native_sites"] is None
 
 
 def test_render_json_round_trips(installed_report: dict) -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from cute_diskcache import doctor
 from cute_diskcache.flashinfer_sites import known, scan
+from cute_diskcache.flashinfer_sites import sites as site_table
 
 FILES = {
     # 0.7.x layout: the helper lives here and is imported by the runners.
@@ -171,9 +172,9 @@ def test_every_site_gets_an_arch_and_who_persists_it(report: dict) -> None:
         # compiled only inside the builders' lambdas: persisted with them
         "cute_dsl/attention/fmha/sm120/compile.py:_compile_sm120_fmha": ("sm12x", "flashinfer"),
         "cute_dsl/sparse/bsa_attn_sm120.py:bsa_attn_sm120_fwd": ("sm12x", "nothing"),
-        # the code names sm12x (an SM120 branch) in a file whose path names no arch
-        # an inline site (flashinfer_sites/inline.py) by its exact file and qualified name: ours;
-        # bsa_attn_sm120_fwd above is not one of them (0.7.4 names its blk64 variants): nobody's
+        # the code names sm12x (an SM120 branch) in a file whose path names no arch; a row of the
+        # site table (flashinfer_sites/sites.py) by its exact file and qualified name: ours;
+        # bsa_attn_sm120_fwd above is not one (0.7.4's rows name its blk64 variants): nobody's
         "msa_ops/proxy_score.py:msa_proxy_score": ("sm12x", "cute-diskcache"),
         # compiled only through Frost's runtime, whose native builder flashinfer's cache keeps
         "fused_moe/backends/cudnn_frost/artifacts/nvfp4/sources/sm120_fc1_stg.py:compile": ("sm12x", "flashinfer"),
@@ -194,7 +195,7 @@ def test_every_site_gets_an_arch_and_who_persists_it(report: dict) -> None:
     assert sites["moe_ep/kernel_src/sm100/shim/nvfp4.py:<file>"]["calls"] == ["2 compile calls"]
     assert sites["msa_ops/proxy_score.py:msa_proxy_score"]["arch_reason"] == "code"
     assert report["summary"] == {"cute-diskcache": 4, "flashinfer": 2, "nothing": 1}
-    assert sites["msa_ops/proxy_score.py:msa_proxy_score"]["note"].startswith("compiled inline")
+    assert sites["msa_ops/proxy_score.py:msa_proxy_score"]["note"] == site_table.NOTE  # keyed by what it receives
     assert "not served from ours" in sites["fused_moe/backends/cudnn_frost/runtime.py:_load_source_cached"]["note"]
     assert report["groups"]["harness"]["nothing"] == 1
 
