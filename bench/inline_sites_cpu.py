@@ -1,10 +1,13 @@
 """Per-site compile seconds and hit milliseconds of flashinfer 0.7.4's inline sites on this CPU.
 
 MSA's decode, proxy-score and prefill ops and GDN's SM12x prefill compile their sm12x kernel
-inline (``flashinfer_sites/inline.py``; GDN's through its delta-rule compile cache, PTX kept).
-Driven through flashinfer's public ops on CPU tensors for the rtx-pro-6000 profile by
-``tests/fi074_dense_driver.py`` (the launch after each compile or load fails without a GPU, the
-same way cold and warm): one cold process into an empty cache, then ``--warm`` fresh processes.
+inline (GDN's through its delta-rule compile cache, PTX kept); so do block-sparse attention's
+SM120 forwards (bf16 and Sage) and the frost low-latency MoE's SM120 grouped decode (BF16 and
+DeepSeek FP8 weights). Driven through flashinfer's own functions for the rtx-pro-6000 profile by
+``tests/fi074_dense_driver.py`` (CPU tensors) and ``tests/fi074_inline_driver.py`` (torch fake
+tensors standing in for CUDA ones); the launch after each compile or load fails without a GPU,
+the same way cold and warm. One cold process per driver into an empty cache, then ``--warm``
+fresh processes each.
 Printed per site: compile and persist seconds (cold), and the p50 of the hit (the cache layer's
 whole lookup, checks and load) over the warm processes.
 
@@ -23,14 +26,26 @@ import sys
 import tempfile
 from pathlib import Path
 
-DRIVER = Path(__file__).resolve().parent.parent / "tests" / "fi074_dense_driver.py"
-SITES = ("msa_decode", "msa_proxy", "msa_proxy_fp4", "msa_prefill", "gdn_prefill")
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+#: driver -> the inline sites it drives
+DRIVERS = {
+    TESTS / "fi074_dense_driver.py": ("msa_decode", "msa_proxy", "msa_proxy_fp4", "msa_prefill", "gdn_prefill"),
+    TESTS / "fi074_inline_driver.py": ("bsa_fwd", "bsa_sage_fwd", "frost_grouped", "frost_deepseek_fp8"),
+}
 
 
 def run(python: str, root: str) -> dict:
+    """One fresh process per driver against ``root``: their events, in order."""
+    events = []
+    for driver, sites in DRIVERS.items():
+        events += run_driver(python, root, driver, sites)["events"]
+    return {"events": events}
+
+
+def run_driver(python: str, root: str, driver: Path, sites: tuple[str, ...]) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_DISKCACHE_") and k != "CUTE_DSL_ARCH"}
     env.update(CUTE_DISKCACHE_DIR=root, FLASHINFER_B12X_DISK_CACHE="1", CUTE_DSL_DISABLE_FILE_CACHING="1")
-    proc = subprocess.run([python, str(DRIVER), "--target", "rtx-pro-6000", *SITES], env=env, capture_output=True,
+    proc = subprocess.run([python, str(driver), "--target", "rtx-pro-6000", *sites], env=env, capture_output=True,
                           text=True, timeout=900)
     if proc.returncode != 0:
         raise SystemExit(proc.stderr[-3000:])
