@@ -214,8 +214,10 @@ def test_unset_variable_costs_nothing_measurable(venvs: Venvs) -> None:
     assert delta < PTH_BUDGET_S, f"installed-but-unset start-up costs {delta * 1e3:.1f} ms more"
 
 
-def test_variable_set_patches_moe_dispatch_on_import(venvs: Venvs) -> None:
-    """The .pth registers only an import hook; importing moe_dispatch later gets it patched."""
+def test_variable_set_hooks_the_dsls_compile_on_import(venvs: Venvs) -> None:
+    """The .pth registers only an import hook; importing moe_dispatch later (which imports the DSL)
+    puts the one dispatcher on ``cutlass.cute.compile``, and the hook takes moe_dispatch's
+    three compile functions, as installed, for sites."""
     out = _report(
         venvs.full,
         venvs.workdir,
@@ -227,13 +229,18 @@ from flashinfer.fused_moe.cute_dsl.blackwell_sm12x import moe_dispatch
 import torch
 import cute_diskcache
 from cute_diskcache import flashinfer_sites
-cute = moe_dispatch.__dict__["cute"]
+from cute_diskcache.flashinfer_sites import hook
+real_cute = sys.modules["cutlass.cute"]
+rows = {}
+for name in ("_get_static_kernel", "_get_micro_kernel", "_get_dynamic_kernel"):
+    found = hook._classify(getattr(moe_dispatch, name).__code__)
+    rows[name] = getattr(found, "name", None)
 out.update(
     file=cute_diskcache.__file__,
-    proxy=type(cute).__name__,
-    wraps_real=cute.__dict__.get("_cdc_real") is sys.modules["cutlass.cute"],
-    hooked_sites=len(getattr(cute.compile, "_sites", ())),
-    coverage=flashinfer_sites.coverage(moe_dispatch, flashinfer_sites.flashinfer_version()),
+    dispatcher=type(real_cute.compile).__name__,
+    real=type(real_cute.compile._real).__module__,
+    module_untouched=moe_dispatch.__dict__["cute"] is real_cute,
+    rows=rows,
     sm_count=torch.cuda.get_device_properties(0).multi_processor_count,
     arch=os.environ.get("CUTE_DSL_ARCH"),
     finders=finders(),
@@ -247,17 +254,17 @@ print(json.dumps(out))
     # Only our own package at start: flashinfer, torch and the DSL wait for the program.
     assert out["loaded"] and all(m.startswith("cute_diskcache") for m in out["loaded"]), out["loaded"]
     assert out["finders_at_start"] == 1
-    assert out["proxy"] == "_CuteProxy"
-    assert out["wraps_real"] is True
-    assert out["hooked_sites"] == 3
-    assert set(out["coverage"].values()) == {"cute-diskcache"}, out["coverage"]
+    assert out["dispatcher"] == "_Dispatch"
+    assert out["real"].startswith("cutlass."), out["real"]  # over the DSL's own compile
+    assert out["module_untouched"] is True  # one hook in the DSL, nothing in flashinfer's module
+    assert out["rows"] == {f"_get_{k}_kernel": f"flashinfer.moe_dispatch.{k}" for k in ("static", "micro", "dynamic")}
     assert out["sm_count"] == 188 and out["arch"] == "sm_120a"  # the profile answered, before import
     assert out["finders"] == 1
     assert sum(out["compiled"].values()) == 0  # attaching compiles nothing
 
 
 def test_install_after_flashinfer_import_is_idempotent_and_reversible(venvs: Venvs) -> None:
-    """flashinfer imported first with no hook anywhere; install() must patch what is loaded."""
+    """flashinfer imported first with no hook anywhere; install() must hook the DSL already loaded."""
     out = _report(
         venvs.full,
         venvs.workdir,
@@ -270,35 +277,37 @@ import cute_diskcache
 """
         + _FINDERS
         + """
-real = sys.modules["cutlass.cute"]
-out = {"loaded": loaded_at_start, "finders_before": finders(), "before": moe_dispatch.cute is real}
+cute = sys.modules["cutlass.cute"]
+real = cute.compile
+out = {"loaded": loaded_at_start, "finders_before": finders(), "before": type(real).__name__}
 cute_diskcache.install()
-first = moe_dispatch.cute
+first = cute.compile
 out["after_install"] = type(first).__name__
 cute_diskcache.install()
-out["same_proxy"] = moe_dispatch.cute is first
-out["wraps_real"] = first.__dict__["_cdc_real"] is real
+out["same_dispatcher"] = cute.compile is first
+out["wraps_real"] = getattr(first, "_real", None) is real
 out["finders_after_two_installs"] = finders()
 cute_diskcache.uninstall()
-out["restored"] = moe_dispatch.cute is real
+out["restored"] = cute.compile is real
 cute_diskcache.uninstall()
-out["restored_twice"] = moe_dispatch.cute is real
+out["restored_twice"] = cute.compile is real
 out["finders_after_uninstall"] = finders()
 cute_diskcache.install()
-out["reinstalled"] = type(moe_dispatch.cute).__name__ == "_CuteProxy" and moe_dispatch.cute.__dict__["_cdc_real"] is real
+out["reinstalled"] = type(cute.compile).__name__ == "_Dispatch" and cute.compile._real is real
+out["module_untouched"] = moe_dispatch.__dict__["cute"] is cute
 out["file"] = cute_diskcache.__file__
 print(json.dumps(out))
 """,
     )
     assert venvs.full.owns(out["file"])
     assert out["loaded"] == []
-    assert out["finders_before"] == 0 and out["before"] is True
-    assert out["after_install"] == "_CuteProxy"
-    assert out["same_proxy"] is True and out["wraps_real"] is True  # not double-wrapped
+    assert out["finders_before"] == 0 and out["before"] != "_Dispatch"
+    assert out["after_install"] == "_Dispatch"
+    assert out["same_dispatcher"] is True and out["wraps_real"] is True  # not double-wrapped
     assert out["finders_after_two_installs"] == 1
     assert out["restored"] is True and out["restored_twice"] is True
     assert out["finders_after_uninstall"] == 0
-    assert out["reinstalled"] is True
+    assert out["reinstalled"] is True and out["module_untouched"] is True
 
 
 def test_vllm_plugin_entry_point_honours_the_variable(venvs: Venvs) -> None:

@@ -1,4 +1,4 @@
-"""Inline compile sites (issue 13): the one hook on ``cutlass.cute.compile`` and the key it builds.
+"""Compile sites (issues 13, 22): the one hook on ``cutlass.cute.compile`` and the key it builds.
 
 What the real flashinfer 0.7.4 tests (tests/test_flashinfer_074_dense.py: MSA's ops) cannot
 isolate: which callers are intercepted (by file under flashinfer's package and qualified name,
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from cute_diskcache.flashinfer_sites import _common, inline
+from cute_diskcache.flashinfer_sites import _common, hook, sites
 from cute_diskcache.key import UnkeyableError, encode
 
 cute = pytest.importorskip("cutlass.cute")
@@ -38,15 +38,15 @@ def test_fake_tensors_sharing_a_symbol_are_another_key_than_two_that_do_not() ->
     lengths: tied and untied extents compile to different signatures."""
     def tied() -> tuple[object, ...]:
         s = cute.sym_int()
-        return inline.describe(_fake(s, 128), _fake(s, 64))
+        return hook.describe(_fake(s, 128), _fake(s, 64))
 
     def untied() -> tuple[object, ...]:
-        return inline.describe(_fake(cute.sym_int(), 128), _fake(cute.sym_int(), 64))
+        return hook.describe(_fake(cute.sym_int(), 128), _fake(cute.sym_int(), 64))
 
     assert tied() == tied() and untied() == untied()  # fresh symbols, same structure: the same key
     assert tied() != untied()
-    assert inline.describe(_fake(cute.sym_int(divisibility=8), 128)) != inline.describe(_fake(cute.sym_int(), 128))
-    assert inline.describe(_fake(cute.sym_int(), 128, align=16)) != inline.describe(_fake(cute.sym_int(), 128, align=4))
+    assert hook.describe(_fake(cute.sym_int(divisibility=8), 128)) != hook.describe(_fake(cute.sym_int(), 128))
+    assert hook.describe(_fake(cute.sym_int(), 128, align=16)) != hook.describe(_fake(cute.sym_int(), 128, align=4))
     encode(tied())  # key data
 
 
@@ -90,10 +90,10 @@ def launchers() -> types.ModuleType:
 
 def test_a_launchers_closure_is_in_the_key(launchers: types.ModuleType) -> None:
     launcher = launchers.launcher
-    assert inline.describe(launcher(4096, [8, 1, 1])) == inline.describe(launcher(4096, [8, 1, 1]))
-    assert inline.describe(launcher(4096, [8, 1, 1])) != inline.describe(launcher(7168, [8, 1, 1]))
-    assert inline.describe(launcher(4096, [8, 1, 1])) != inline.describe(launcher(4096, [16, 1, 1]))
-    fn = inline.describe(launcher(4096, [8, 1, 1]))[0]
+    assert hook.describe(launcher(4096, [8, 1, 1])) == hook.describe(launcher(4096, [8, 1, 1]))
+    assert hook.describe(launcher(4096, [8, 1, 1])) != hook.describe(launcher(7168, [8, 1, 1]))
+    assert hook.describe(launcher(4096, [8, 1, 1])) != hook.describe(launcher(4096, [16, 1, 1]))
+    fn = hook.describe(launcher(4096, [8, 1, 1]))[0]
     assert fn[0] == "function" and fn[2].endswith("launcher.<locals>._launch"), fn  # the body, not the DSL's wrapper
 
 
@@ -104,12 +104,12 @@ def test_a_functions_code_and_annotations_are_in_the_key(launchers: types.Module
     annotations (which the DSL specialises on) differ.
     """
     assert launchers.double.__qualname__ == launchers.triple.__qualname__
-    assert inline.describe(launchers.double) != inline.describe(launchers.triple)
-    assert inline.describe(launchers.double) == inline.describe(launchers.double)
+    assert hook.describe(launchers.double) != hook.describe(launchers.triple)
+    assert hook.describe(launchers.double) == hook.describe(launchers.double)
     wide, narrow = launchers.make_kernel(True), launchers.make_kernel(False)
-    assert inline.describe(wide) != inline.describe(narrow)
-    assert inline.describe(wide) == inline.describe(launchers.make_kernel(True))
-    encode(inline.describe(wide, narrow, launchers.double))  # key data
+    assert hook.describe(wide) != hook.describe(narrow)
+    assert hook.describe(wide) == hook.describe(launchers.make_kernel(True))
+    encode(hook.describe(wide, narrow, launchers.double))  # key data
 
 
 def test_a_function_from_a_module_no_key_fingerprints_is_refused(launchers: types.ModuleType) -> None:
@@ -125,11 +125,11 @@ def test_a_function_from_a_module_no_key_fingerprints_is_refused(launchers: type
     """)
     try:
         with pytest.raises(UnkeyableError, match="not fingerprinted"):
-            inline.describe(score_mod)
+            hook.describe(score_mod)
         with pytest.raises(UnkeyableError, match="not fingerprinted"):
-            inline.describe(kernels.Attention(score_mod))
-        inline.describe(kernels.Attention(launchers.double))  # flashinfer's own callback is keyed
-        inline.describe(cute.make_layout)  # the DSL's functions are versioned by the DSL stack
+            hook.describe(kernels.Attention(score_mod))
+        hook.describe(kernels.Attention(launchers.double))  # flashinfer's own callback is keyed
+        hook.describe(cute.make_layout)  # the DSL's functions are versioned by the DSL stack
     finally:
         del sys.modules[kernels.__name__]
 
@@ -156,23 +156,23 @@ def kernels() -> types.ModuleType:
 
 def test_a_kernel_objects_whole_state_is_in_the_key(kernels: types.ModuleType) -> None:
     K = kernels.Kernel
-    assert inline.describe(K(128, True, cutlass.Float16)) == inline.describe(K(128, True, cutlass.Float16))
+    assert hook.describe(K(128, True, cutlass.Float16)) == hook.describe(K(128, True, cutlass.Float16))
     for other in (K(64, True, cutlass.Float16), K(128, False, cutlass.Float16), K(128, True, cutlass.BFloat16)):
-        assert inline.describe(other) != inline.describe(K(128, True, cutlass.Float16))
+        assert hook.describe(other) != hook.describe(K(128, True, cutlass.Float16))
     # Regression: a kernel class named "...Stream..." (MSA's streaming proxy score) was taken for a
     # CUDA stream, keyed by its type alone: every head dim and layout shared one entry.
     S = kernels.MsaProxyScoreDecodeStreamSm12x
-    assert inline.describe(S(128, True, cutlass.Float16)) != inline.describe(S(64, True, cutlass.Float16))
-    d = inline._Describer()
+    assert hook.describe(S(128, True, cutlass.Float16)) != hook.describe(S(64, True, cutlass.Float16))
+    d = hook._Describer()
     d(K(128, True, cutlass.Float16))
     assert "flashinfer._cdc_test_kernels" in d.modules  # its module joins the source fingerprint
 
 
 def test_what_cannot_be_described_is_refused_never_guessed(kernels: types.ModuleType) -> None:
     with pytest.raises(UnkeyableError):
-        inline.describe(kernels.Kernel(128, True, cutlass.Float16, extra=object()))
+        hook.describe(kernels.Kernel(128, True, cutlass.Float16, extra=object()))
     with pytest.raises(UnkeyableError):
-        inline.describe(object())  # not flashinfer's, not the DSL's
+        hook.describe(object())  # not flashinfer's, not the DSL's
 
 
 class KeepPTX:
@@ -195,9 +195,9 @@ def test_ptx_options_are_kept_out_of_the_key_and_other_artifacts_are_refused() -
     the directory changes no code (not keyed), keeping the PTX is keyed (those entries carry it).
     A CUBIN a loaded kernel cannot hand back leaves the compile in memory."""
     def options(*opts: object) -> object:
-        return inline._options(_common.Call({}, (), {}, dsl_options=opts))
+        return hook._options(_common.Call({}, (), {}, dsl_options=opts))
 
-    assert inline._options(_common.Call({}, (), {"options": "--enable-tvm-ffi"}))
+    assert hook._options(_common.Call({}, (), {"options": "--enable-tvm-ffi"}))
     assert options(KeepPTX(), DumpDir("/tmp/a")) == options(KeepPTX(), DumpDir("/tmp/b"))
     assert options(KeepPTX(), DumpDir("/tmp/a"))[-1] == "keep-ptx" and options(DumpDir("/tmp/a"))[-1] != "keep-ptx"
     with pytest.raises(UnkeyableError, match="artifacts"):
@@ -212,13 +212,13 @@ def test_sites_are_named_as_the_scan_names_them() -> None:
     exec(code, ns)  # noqa: S102
     inner = ns["launch_fwd"]().__code__  # type: ignore[operator]
     root = os.path.realpath("/x/flashinfer")
-    old = inline._package_dir
-    inline._package_dir = lambda: root  # type: ignore[assignment]
+    old = hook._package_dir
+    hook._package_dir = lambda: root  # type: ignore[assignment]
     try:
-        assert inline._where(inner) == ("kda/decomp.py", "launch_fwd._compile")
+        assert hook._where(inner) == ("kda/decomp.py", "launch_fwd._compile")
     finally:
-        inline._package_dir = old  # type: ignore[assignment]
-    assert len({(s.file, s.function) for s in inline.SITES}) == len(inline.SITES)
+        hook._package_dir = old  # type: ignore[assignment]
+    assert len({(r.file, r.function) for r in sites.ROWS}) == len(sites.ROWS) == len(sites.BY_WHERE)
 
 
 # --------------------------------------------------------------------------------------------
@@ -278,16 +278,13 @@ CHILD = textwrap.dedent(
     from cute_diskcache import targets
     targets.apply("rtx-pro-6000")
     import cute_diskcache
-    from cute_diskcache.flashinfer_sites import inline
+    from cute_diskcache.flashinfer_sites import hook, sites
     package, values = sys.argv[1], [float(v) for v in sys.argv[2].split(",")]
-    inline._package_dir = lambda: package
-    site = inline.Inline("kernels/site.py", "build", "test_build", "test", tree="kernels")
-    inline._BY_WHERE[(site.file, site.function)] = site
-    inline._SITE_RECORDS[site] = inline._site(site)
-    keeping = inline.Inline("kernels/site.py", "build_keeping_ptx", "test_ptx", "test", tree="kernels")
-    inline._BY_WHERE[(keeping.file, keeping.function)] = keeping
-    inline._SITE_RECORDS[keeping] = inline._site(keeping)
-    assert inline.patch()
+    hook._package_dir = lambda: package
+    for function, kind in (("build", "test_build"), ("build_keeping_ptx", "test_ptx")):
+        row = sites.Row("kernels/site.py", function, kind, "flashinfer.test." + kind, "test", tree="kernels")
+        sites.BY_WHERE[(row.file, row.function)] = row
+    assert hook.patch()
     import importlib.util
     spec = importlib.util.spec_from_file_location("cdc_inline_site", package + "/kernels/site.py")
     mod = importlib.util.module_from_spec(spec)
@@ -304,9 +301,9 @@ CHILD = textwrap.dedent(
         out["ptx_entry"] = bool(ptx) and ".entry" in ptx
     from cute_diskcache.cache import default_cache
     out["events"] = [(e[0], e[2]) for e in default_cache().events]
-    inline.unpatch()
+    hook.unpatch()
     import cutlass.cute as cute
-    out["restored"] = not isinstance(cute.compile, inline._Dispatch)
+    out["restored"] = not isinstance(cute.compile, hook._Dispatch)
     print(json.dumps(out))
     """
 )
@@ -373,10 +370,10 @@ def test_the_hook_is_in_place_whichever_is_imported_first(dsl_first: bool) -> No
         import cute_diskcache
         cute_diskcache.install()
         import cutlass.cute as cute
-        from cute_diskcache.flashinfer_sites import inline
-        print(isinstance(cute.compile, inline._Dispatch), "flashinfer" in sys.modules)
+        from cute_diskcache.flashinfer_sites import hook
+        print(isinstance(cute.compile, hook._Dispatch), "flashinfer" in sys.modules)
         cute_diskcache.uninstall()
-        print(isinstance(cute.compile, inline._Dispatch))
+        print(isinstance(cute.compile, hook._Dispatch))
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_DISKCACHE_") and k != "FLASHINFER_B12X_DISK_CACHE"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

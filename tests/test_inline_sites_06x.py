@@ -1,10 +1,10 @@
-"""flashinfer 0.6.12-0.6.17's sm12x sites that nobody persisted, now through the inline hook (issue 22).
+"""flashinfer 0.6.12-0.6.17's sm12x sites that nobody persisted, now through the compile hook (issue 22).
 
 The W4A16 MoE kernels (``moe_w4a16_kernel.compile_w4a16_*``) compile in place up to 0.6.16 and
-through ``moe_w4a16_compiler.compile`` on 0.6.17 (from 0.6.18 :mod:`.v0_7` wraps that function:
-the hook must then leave it alone, or one kernel would get two entries); 0.6.12/0.6.13 compile
-the b12x dense GEMM in ``_get_compiled_dense_gemm``; 0.6.17 compiles the direct micro kernel in
-place (its block-dim probe answered from side data, as v0_7 does from 0.6.18).
+through ``moe_w4a16_compiler.compile`` from 0.6.17 (the hook keys a compile under the nearest
+site above it, so such a kernel gets one entry, not a second under its caller); 0.6.12/0.6.13
+compile the b12x dense GEMM in ``_get_compiled_dense_gemm``; 0.6.17+ compile the direct micro
+kernel in place (its block-dim probe answered from side data, :mod:`.block_dim`).
 
 Which release names which site is tested on a stand-in package (the real releases are not all
 installed here); the doctor and the real compiles run on the installed flashinfer (0.6.15.post1
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from cute_diskcache.flashinfer_sites import _common, inline, scan
+from cute_diskcache.flashinfer_sites import _common, hook, scan, sites
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import TARGET, child_env  # noqa: E402
@@ -50,50 +50,69 @@ def _stand_in(root: Path) -> Path:
     return root
 
 
-def test_each_06x_site_is_inline_on_the_releases_that_compile_there(tmp_path: Path) -> None:
-    """Named as the site scan names them (MoE files relative to blackwell_sm12x/), per release."""
+def test_each_06x_site_is_covered_where_the_release_defines_it(tmp_path: Path) -> None:
+    """Named as the site scan names them (MoE files relative to blackwell_sm12x/). The table has
+    no version bounds: a row is listed on a release that defines its function, and only there."""
     package = _stand_in(tmp_path)
     kernels = {("moe_w4a16_kernel.py", fn) for fn in W4A16}
     wrapper = {("moe_w4a16_compiler.py", "compile"), ("moe_direct_micro_kernel.py", "compile_direct_micro_kernel")}
-    for version in ("0.6.12", "0.6.13", "0.6.15.post1", "0.6.16.post4"):  # (these have no wrapper file)
-        assert set(inline.covered(package, version)) == kernels | wrapper | {DENSE}, version
-    assert set(inline.covered(package, "0.6.17")) == wrapper | {DENSE}
-    for version in ("0.6.18.post1", "0.7.4"):  # v0_7 serves the wrapper and direct micro there
-        assert set(inline.covered(package, version)) == {DENSE}, version
+    assert set(sites.covered(package)) == kernels | wrapper | {DENSE}
+    # 0.6.12-0.6.16 have no wrapper file and no direct micro compile: those rows are absent there
+    (package / MOE / "moe_w4a16_compiler.py").unlink()
+    (package / MOE / "moe_direct_micro_kernel.py").write_text("# compile_direct_micro_kernel( only mentioned\n")
+    assert set(sites.covered(package)) == kernels | {DENSE}
     # what the doctor tables get: one kind per (file, function), the scan's names
-    table = scan._table("0.6.17", False, package)
-    assert table[("moe_w4a16_compiler.py", "compile")] == "w4a16"
-    assert table[("moe_direct_micro_kernel.py", "compile_direct_micro_kernel")] == "direct_micro"
-    assert ("moe_w4a16_compiler.py", "compile") in scan._table("0.7.4", False, package)  # v0_7's, as before
+    table = scan._table("0.6.16.post4", False, package)
+    assert table[("moe_w4a16_kernel.py", "compile_w4a16_gemm")] == "w4a16" and table[DENSE] == "b12x_dense_gemm"
+    assert scan._table("0.6.11", False, package) == {}  # before the first release we cover
 
 
-def _code_at(file: str, function: str) -> types.CodeType:
-    """A code object that says it is ``function`` in ``file`` under the installed flashinfer."""
-    root = inline._package_dir()
+def test_moe_dispatch_is_native_only_where_it_calls_flashinfers_builder(tmp_path: Path) -> None:
+    """Up to 0.6.17 moe_dispatch compiles in memory (ours, always); from 0.6.18 it builds through
+    flashinfer's disk cache, which ``CUTE_DISKCACHE_NATIVE_SITES=flashinfer`` leaves to flashinfer."""
+    package = _stand_in(tmp_path)
+    functions = ("_get_static_kernel", "_get_micro_kernel", "_get_dynamic_kernel")
+    dispatch = package / MOE / "moe_dispatch.py"
+    dispatch.write_text("".join(f"def {fn}(key):\n    return cute.compile(key)\n" for fn in functions))
+    expected = {("moe_dispatch.py", fn) for fn in functions}
+    assert expected <= set(sites.covered(package, native=False)) and expected <= set(sites.covered(package))
+    dispatch.write_text("".join(f"def {fn}(key):\n    return build_and_load_cute_dsl_kernel(key)\n" for fn in functions))
+    assert not expected & set(sites.covered(package, native=False)) and expected <= set(sites.covered(package))
+
+
+def _frames(file: str, source: str) -> dict[str, types.FunctionType]:
+    """Functions that say they are defined in ``file`` under the installed flashinfer (not written
+    there: the hook reads a frame's code object only). ``compile_here()`` stands for
+    ``cute.compile``: it answers which site the hook finds above it."""
+    root = hook._package_dir()
     assert root is not None
-    module = compile(f"def {function}():\n    pass\n", os.path.join(root, file), "exec")
-    return next(c for c in module.co_consts if isinstance(c, types.CodeType))
+    ns: dict[str, object] = {"compile_here": lambda: hook._find_site(sys._getframe(1))}
+    exec(compile(source, os.path.join(root, file), "exec"), ns)  # noqa: S102
+    return {k: v for k, v in ns.items() if isinstance(v, types.FunctionType)}
 
 
-def test_the_hook_takes_a_caller_only_on_the_releases_where_it_compiles_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
-    """From 0.6.17 the W4A16 functions call the wrapper (no compile of their own); from 0.6.18
-    v0_7 replaces the wrapper and proxies direct micro's ``cute``: the hook must not take them
-    too, or a cold compile would be stored twice under two keys."""
-    gemm = _code_at(f"{MOE}/moe_w4a16_kernel.py", "compile_w4a16_gemm")
-    wrapper = _code_at(f"{MOE}/moe_w4a16_compiler.py", "compile")
-    micro = _code_at(f"{MOE}/moe_direct_micro_kernel.py", "compile_direct_micro_kernel")
-    dense = _code_at(*DENSE)
-    # (0.6.13 and 0.6.16 have neither the wrapper nor direct micro's compile: nothing calls from there)
-    expect = {"0.6.13": (True, True, True, True), "0.6.16.post4": (True, True, True, True),
-              "0.6.17": (False, True, True, True), "0.7.4": (False, False, False, True)}
-    for version, taken in expect.items():
-        monkeypatch.setattr(_common, "flashinfer_version", lambda v=version: v)
-        got = tuple(inline._lookup(code) is not None for code in (gemm, wrapper, micro, dense))
-        assert got == taken, version
-    monkeypatch.setattr(_common, "flashinfer_version", lambda: "0.6.17")
-    site = inline._lookup(micro)
-    assert site is not None and inline._SITE_RECORDS[site].name == "flashinfer.moe_direct_micro_kernel.direct_micro"
-    assert inline._SITE_RECORDS[site].deliver is not None  # the block-dim probe's answer travels with it
+def test_the_nearest_site_above_a_compile_is_the_one_it_is_keyed_under() -> None:
+    """0.6.12-0.6.16 compile each W4A16 kernel in place; 0.6.17+ call the memoising wrapper,
+    which compiles. The hook takes the nearest row, so the kernel gets one entry, under the
+    function that compiles it, never a second under its caller."""
+    in_place = _frames(f"{MOE}/moe_w4a16_kernel.py", "def compile_w4a16_gemm(wrapper=None):\n"
+                       "    return wrapper() if wrapper else compile_here()\n")["compile_w4a16_gemm"]
+    wrapper = _frames(f"{MOE}/moe_w4a16_compiler.py", "def compile():\n    return compile_here()\n")["compile"]
+    row, _modules, compiled_in = in_place()
+    assert (row.file, row.function, compiled_in) == (f"{MOE}/moe_w4a16_kernel.py", "compile_w4a16_gemm", "compile_w4a16_gemm")
+    row, _modules, compiled_in = in_place(wrapper)
+    assert (row.file, row.function, compiled_in) == (f"{MOE}/moe_w4a16_compiler.py", "compile", "compile")
+    assert row.name == "flashinfer.moe_w4a16_compiler.w4a16"
+
+    micro = _frames(f"{MOE}/moe_direct_micro_kernel.py", "def compile_direct_micro_kernel():\n"
+                    "    return compile_here()\n")["compile_direct_micro_kernel"]
+    found = micro()
+    assert found is not None and found[0].name == "flashinfer.moe_direct_micro_kernel.direct_micro"
+    site = hook.site(found[0])
+    assert found[0].side == "block_dim" and site.deliver is not None  # the block-dim probe's answer travels with it
+    assert site.extra_ok({"kwargs_wrapper": False, "calling_convention": None}) is False  # an entry without it is a miss
+    dense = _frames(DENSE[0], "def _get_compiled_dense_gemm():\n    return compile_here()\n")["_get_compiled_dense_gemm"]
+    assert dense()[0].kind == "b12x_dense_gemm"
 
 
 def _installed_06x() -> str:
@@ -109,11 +128,10 @@ def test_doctor_finds_no_sm12x_site_nobody_persists_on_the_installed_06x() -> No
     report = scan.sites_report()
     assert report["summary"][scan.NOTHING] == 0, [f"{s['file']}:{s['function']}" for s in report["sites"]
                                                   if s["status"] == scan.NOTHING and scan.group(s) == "sm12x"]
-    sites = {(s["file"], s["function"]): s for s in report["sites"]}
+    found = {(s["file"], s["function"]): s for s in report["sites"]}
     for fn in W4A16:
-        site = sites[("moe_w4a16_kernel.py", fn)]
-        assert site["status"] == scan.COVERED_BY_US, site
-        assert inline.NOTE in site["note"] or "moe_w4a16_compiler.py:compile" in site["note"], site
+        site = found[("moe_w4a16_kernel.py", fn)]
+        assert site["status"] == scan.COVERED_BY_US and site["note"] == sites.NOTE, site
     assert report["missing_adapter_sites"] == []
 
 

@@ -342,6 +342,39 @@ def test_all_single_element_changes_are_pairwise_distinct(kind: str) -> None:
     assert len(digests) == count
 
 
+def _kernel_object(kind: str, values: tuple[Any, ...]) -> Any:
+    """A flashinfer kernel object (by module) holding one kind's key fields as its state."""
+    cls = type(f"{kind.title()}Kernel", (), {})
+    cls.__module__ = "flashinfer._cdc_keytest"
+    obj = cls()
+    vars(obj).update(zip(SITE_FIELDS[kind], values))
+    return obj
+
+
+def _hook_key(kind: str, values: tuple[Any, ...]) -> CacheKey:
+    from cute_diskcache.flashinfer_sites import hook
+
+    return make_key(kind, site_key=("compile", "moe_dispatch.py:site", "site", ("args", hook.describe(_kernel_object(kind, values)))))
+
+
+@pytest.mark.parametrize("kind", list(SITE_KEYS))
+def test_the_hooks_description_keeps_every_kernel_attribute_apart(kind: str) -> None:
+    """Issue 22: sites are keyed by what the compile receives (a kernel object: its whole state),
+    not by a hand-written tuple. Every single-field change of a kernel object's state, including
+    values equal under ``==``, is another digest, and no two collide."""
+    base = _hook_key(kind, SITE_KEYS[kind])
+    assert _hook_key(kind, tuple(SITE_KEYS[kind])).digest == base.digest
+    digests = {base.digest}
+    count = 1
+    for index, value in enumerate(SITE_KEYS[kind]):
+        for _label, new in _variants(value):
+            changed = list(SITE_KEYS[kind])
+            changed[index] = new
+            digests.add(_hook_key(kind, tuple(changed)).digest)
+            count += 1
+    assert len(digests) == count
+
+
 def test_same_inputs_same_digest() -> None:
     a, b = make_key("static"), make_key("static", env=make_env(), site_key=tuple(SITE_KEYS["static"]))
     assert a is not b and a.digest == b.digest and a.env.namespace == b.env.namespace
