@@ -6,7 +6,7 @@ sm12x kernel inline (``flashinfer_sites`` intercepts ``cutlass.cute.compile`` th
 CPU for the rtx-pro-6000 profile by ``tests/fi074_inline_driver.py`` (CUDA tensors stood in by
 torch fake tensors, see its docstring): a cold process compiles each kernel once and persists
 it, a fresh process compiles nothing (counted independently, at the DSL's compile entry, by
-conftest's ``sitecustomize``) and hits every entry. About 35 s on two cores.
+conftest's ``sitecustomize``) and hits every entry. About 25 s on two cores.
 
 Which of the 22 inline sites are driven where, and why the rest cannot be here:
 docs/versions.md, "Limits".
