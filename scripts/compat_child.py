@@ -130,7 +130,7 @@ def _fi074_site(name: str) -> Callable[[], dict[str, Any]]:
 #: with the arguments ``run_w4a16_moe`` derives. That op asks ``torch.cuda`` for the card before
 #: it compiles, so the CPU drives flashinfer's compile functions themselves (fake tensors, as
 #: flashinfer compiles them); up to 0.6.16 they compile in place, on 0.6.17 through
-#: ``moe_w4a16_compiler.compile`` (both inline sites of ``cute_diskcache/flashinfer_sites/inline.py``).
+#: ``moe_w4a16_compiler.compile`` (both sites of ``cute_diskcache/flashinfer_sites/sites.py``).
 W4A16_SITES = ("w4a16_gemm", "w4a16_fused_moe", "w4a16_activation", "w4a16_topk_sum")
 W4A16_M = 4
 
@@ -181,9 +181,9 @@ def _recorded_compile(run: Callable[[], Any]) -> tuple[Any, list[Any]]:
     seen: list[Any] = []
     real = _common.through_cache
 
-    def recording(site: Any, call: Any, compile_fn: Any) -> Any:
+    def recording(site: Any, call: Any, compile_fn: Any, **kwargs: Any) -> Any:
         seen.append(call.args)
-        return real(site, call, compile_fn)
+        return real(site, call, compile_fn, **kwargs)
 
     _common.through_cache = recording
     try:

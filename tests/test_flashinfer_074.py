@@ -203,27 +203,48 @@ def test_keys_carry_the_site_key_and_the_core_environment(shared: dict[str, Any]
         env = manifest["env"]
         assert env["kind"] == "flashinfer-moe" and env["package"] == "flashinfer-python==0.7.4", site
         assert env["arch"] == "sm_120a" and manifest["namespace"].startswith("flashinfer-moe-0.7.4-sm_120a-"), site
-    assert manifests[SITES["direct_micro"]]["key_repr"].startswith("('direct_micro', (")
-    assert "moe_direct_micro_kernel._ShapeConfig" in manifests[SITES["direct_micro"]]["key_repr"]
-    assert manifests[SITES["w4a16"]]["key_repr"].startswith('(\'["moe.w4a16.')  # the compile spec's json key
-    assert "OptLevel" in manifests[SITES["w4a16"]]["key_repr"]  # cute.compile[OptLevel(3)] options key
+    # One key for every site (issue 22): what the compile received, named by the site it came from.
+    for name, site in SITES.items():
+        key_repr = manifests[site]["key_repr"]
+        assert key_repr.startswith("('compile', 'fused_moe/cute_dsl/blackwell_sm12x/"), (name, key_repr[:200])
+    direct = manifests[SITES["direct_micro"]]["key_repr"]
+    assert "moe_direct_micro_kernel.py:compile_direct_micro_kernel" in direct and "('object', 'flashinfer." in direct
+    assert "moe_w4a16_compiler.py:compile" in manifests[SITES["w4a16"]]["key_repr"]
+    assert "OptLevel" in manifests[SITES["w4a16"]]["options"]  # cute.compile[OptLevel(3)]: the subscript is keyed
     for name in OP_SITES:
-        # flashinfer's in-process key has no n and k; ours adds them (the driver runs hidden
-        # 1024, intermediate 512: fc2 maps intermediate -> hidden, the others the other way).
-        n, k = (1024, 512) if "fc2" in name else (512, 1024)
-        assert f"('n', {n}), ('k', {k})" in manifests[SITES[name]]["key_repr"], manifests[SITES[name]]["key_repr"]
-    # Sites compiled against (CPU) tensors presented as CUDA ones: global memory, as on the card.
-    assert "@gmem" in manifests[SITES["w4a4"]]["key_repr"] and "@generic" not in manifests[SITES["w4a4"]]["key_repr"]
+        # flashinfer's in-process op key has no n and k; what the compile receives has them
+        # (test_other_n_is_a_miss_not_a_wrong_hit proves they separate entries).
+        assert "('object', 'flashinfer.fused_moe.cute_dsl.blackwell_sm12x.kernel_moe_" in manifests[SITES[name]]["key_repr"]
+    # Sites compiled against (CPU) tensors presented as CUDA ones compile for global memory, as on
+    # the card: their kernels expect CUDA tensors (test_warm_kernels_answer_launches_like_the_compiled_ones).
+    assert "@generic" not in manifests[SITES["w4a4"]]["key_repr"]
     # Each site's sources fingerprint is its own module's, so namespaces differ by site family.
     assert manifests[SITES["fp8_gemm"]]["env"]["sources"] != manifests[SITES["w4a4"]]["env"]["sources"]
 
 
-def test_other_n_is_a_miss_not_a_wrong_hit(shared: dict[str, Any]) -> None:
-    """flashinfer's in-process op key lacks n and k: on disk they must separate kernels."""
+def _cubins(entry_dir: Path) -> list[bytes]:
+    from cute_diskcache import elf
+
+    return [c for path in sorted(entry_dir.iterdir()) if path.is_file() for c in elf.cubins_in(path.read_bytes())]
+
+
+def test_other_n_shares_the_entry_because_the_compile_is_the_same(shared: dict[str, Any], tmp_path: Path) -> None:
+    """flashinfer's in-process op key has no n and k, and neither has what the compile receives
+    (n and k are dynamic extents of the sample tensors): one kernel serves every width, in
+    flashinfer's memory and, keyed by what the compile receives, on our disk (the hand-written key
+    this replaced added n and k and compiled one kernel per width). That sharing is right: a cold
+    compile for the other n, in an empty cache, builds the very same cubin."""
     child: Child = shared["child"]
     other = child.driver("fp8_gemm", args=("--n", "256"))
-    assert _by_site(other) == {SITES["fp8_gemm"]: ["miss"]}
-    assert other["real_compiles"] == 1
+    assert _by_site(other) == {SITES["fp8_gemm"]: ["hit"]} and other["real_compiles"] == 0
+    fresh = Child(tmp_path / "root", tmp_path / "workspace", child.hook_dir)
+    cold = fresh.driver("fp8_gemm", args=("--n", "256"))
+    assert _by_site(cold) == {SITES["fp8_gemm"]: ["miss"]} and cold["real_compiles"] == 1
+    shared_entry = _manifests(child.root)[SITES["fp8_gemm"]]
+    fresh_entry = _manifests(fresh.root)[SITES["fp8_gemm"]]
+    assert fresh_entry["_path"].parent.name == shared_entry["_path"].parent.name  # the same key
+    cubins = _cubins(fresh_entry["_path"].parent)
+    assert cubins and cubins == _cubins(shared_entry["_path"].parent)
 
 
 def test_block_dim_probe_is_stored_and_comes_back_identical(shared: dict[str, Any]) -> None:
@@ -351,7 +372,9 @@ def test_native_site_key_ignores_torch_and_flashinfers_cache_is_neither_read_nor
     assert ours["counters"]["compiles"] == ours["counters"]["writes"] == 1
     assert _native_objects(ws) == before, "flashinfer's cache was touched while we served its site"
     manifest = _manifests(root)[NATIVE_MICRO]
-    assert manifest["key_repr"].startswith("('native', 'b12x_moe', 'micro_m1_k1024_n768_"), manifest["key_repr"]
+    # Keyed like every site, by what its compile receives (through the hook, under our builder).
+    assert manifest["key_repr"].startswith("('compile', 'fused_moe/cute_dsl/blackwell_sm12x/moe_dispatch.py:_get_micro_kernel', "
+                                           "'_get_micro_kernel.<locals>.<lambda>'"), manifest["key_repr"][:300]
     assert "torch" not in json.dumps(manifest["env"]), manifest["env"]
 
     warm = Child(root, tmp_path / "gpu-workspace", compile_hook_dir, front=(gpu_torch,)).driver("native_micro")

@@ -324,10 +324,53 @@ def with_calling_convention(kernel: Any, conv: dict[str, Any]) -> Any:
     """A loaded (bare) tvm-ffi kernel, wrapped to take its arguments as the compiled one did."""
     if getattr(kernel, "_kwargs_wrapper", None) is not None:
         return kernel  # compiled in this process: already wrapped
-    from tvm_ffi.utils.kwargs_wrapper import make_kwargs_wrapper
+    return Convention(kernel, conv)
 
-    return make_kwargs_wrapper(kernel, arg_names=list(conv["arg_names"]), arg_defaults=tuple(conv["arg_defaults"]),
-                               kwonly_names=list(conv["kwonly_names"]), kwonly_defaults=dict(conv["kwonly_defaults"]))
+
+class Convention:
+    """The compiled kernel's calling convention around a loaded, positional-only tvm-ffi kernel.
+
+    tvm-ffi's ``make_kwargs_wrapper`` generates code and executes it for each kernel, which cost
+    more than the rest of a hit; this one is built from the stored convention in microseconds.
+    A call that passes every positional argument, or leaves out trailing defaults (the b12x
+    GEMM's optional tensors), goes straight through; any other is bound to the compiled one's
+    signature, whose errors it raises.
+    """
+
+    __slots__ = ("_kernel", "_conv", "_n", "_first_default", "_defaults", "_kwonly", "_signature")
+
+    def __init__(self, kernel: Any, conv: dict[str, Any]) -> None:
+        self._kernel, self._conv = kernel, conv
+        defaults = tuple(conv["arg_defaults"])
+        self._n, self._defaults = len(conv["arg_names"]), defaults
+        self._first_default = self._n - len(defaults)
+        self._kwonly = tuple(conv["kwonly_names"])
+        self._signature: Any = None  # built on the first call that needs binding
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        import inspect
+
+        if self._signature is None:
+            P, first = inspect.Parameter, self._first_default
+            params = [P(n, P.POSITIONAL_OR_KEYWORD, default=self._defaults[i - first] if i >= first else P.empty)
+                      for i, n in enumerate(self._conv["arg_names"])]
+            params += [P(n, P.KEYWORD_ONLY, default=self._conv["kwonly_defaults"].get(n, P.empty)) for n in self._kwonly]
+            self._signature = inspect.Signature(params)
+        bound = self._signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return tuple(bound.arguments[p] for p in self._signature.parameters)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs and not self._kwonly:
+            n = len(args)
+            if n == self._n:
+                return self._kernel(*args)
+            if self._first_default <= n < self._n:
+                return self._kernel(*args, *self._defaults[n - self._first_default:])
+        return self._kernel(*self._bind(args, kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kernel, name)
 
 
 def _planned_extra(cache: CompileCache, key: CacheKey) -> dict[str, Any]:

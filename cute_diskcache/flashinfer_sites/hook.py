@@ -41,6 +41,7 @@ import os
 import sys
 import threading
 import types
+import weakref
 import zlib
 from pathlib import Path
 from typing import Any
@@ -72,46 +73,46 @@ class _Describer:
     def __call__(self, value: Any, depth: int = 0) -> Any:
         if depth > 32:
             raise UnkeyableError("compile argument nested deeper than 32 levels")
-        if value is None or isinstance(value, (bool, int, float, str, bytes)):
-            return value
-        if isinstance(value, enum.Enum):
-            return ("enum", _qualname(type(value)), value.name)
         cls = type(value)
-        mod = cls.__module__
-        if isinstance(value, (tuple, list)):
+        kind = _CATEGORY.get(cls) or _categorize(cls, value)
+        if kind == "plain":
+            return value
+        if kind == "seq":
             tag = "namedtuple:" + _qualname(cls) if hasattr(value, "_fields") else cls.__name__
-            return (tag, tuple(self(v, depth + 1) for v in value))
-        if isinstance(value, dict):
-            items = [(self(k, depth + 1), self(v, depth + 1)) for k, v in value.items()]
-            return ("dict", tuple(sorted(items, key=repr)))
-        if isinstance(value, type):
-            self._module(value.__module__)
-            return ("class", _qualname(value))
-        if mod == "torch" and cls.__name__ in ("dtype", "device", "Size"):
-            return ("torch." + cls.__name__, str(value) if cls.__name__ != "device" else value.type)
-        if dataclasses.is_dataclass(value):
-            self._module(mod)
-            fields = tuple((f.name, self(getattr(value, f.name), depth + 1)) for f in dataclasses.fields(value))
-            return ("dataclass", _qualname(cls), fields)
-        if isinstance(value, functools.partial):
-            return ("partial", self(value.func, depth + 1), self(value.args, depth + 1), self(value.keywords, depth + 1))
-        if isinstance(value, types.MethodType):
-            func = value.__func__
-            return ("method", self(value.__self__, depth + 1),
-                    self._function(func, depth) if isinstance(func, types.FunctionType) else self(func, depth + 1))
-        if isinstance(value, types.FunctionType):
-            return self._function(value, depth)
-        if cls.__name__ == "SymInt" and mod.startswith("cutlass"):
-            return self._symbol(value)
-        if cls.__name__ == "_FakeTensor" and mod.startswith("cutlass"):
+            return (tag, tuple([self(v, depth + 1) for v in value]))
+        if kind == "fake_tensor":
             return ("fake_tensor", str(value.element_type), self(tuple(value.shape), depth + 1),
                     self(tuple(value.stride), depth + 1), getattr(value, "_assumed_align", None),
                     str(getattr(value, "memspace", None)), getattr(value, "_use_32bit_stride", None))
-        if _ours(mod) and hasattr(value, "__dict__"):  # a kernel object: its class and its whole state
-            self._module(mod)
-            state = tuple(sorted((k, self(v, depth + 1)) for k, v in vars(value).items()))
+        if kind == "object":  # a kernel object: its class and its whole state
+            self._module(cls.__module__)
+            state = tuple(sorted([(k, self(v, depth + 1)) for k, v in vars(value).items()]))
             return ("object", _qualname(cls), state)
-        if mod.startswith(_DSL_MODULES) or (mod.startswith("torch.") and "stream" in cls.__qualname__.lower()):
+        if kind == "enum":
+            return ("enum", _qualname(cls), value.name)
+        if kind == "dict":
+            items = [(self(k, depth + 1), self(v, depth + 1)) for k, v in value.items()]
+            return ("dict", tuple(sorted(items, key=repr)))
+        if kind == "class":
+            self._module(value.__module__)
+            return ("class", _qualname(value))
+        if kind == "torch":
+            return ("torch." + cls.__name__, str(value) if cls.__name__ != "device" else value.type)
+        if kind == "dataclass":
+            self._module(cls.__module__)
+            fields = tuple((f.name, self(getattr(value, f.name), depth + 1)) for f in dataclasses.fields(value))
+            return ("dataclass", _qualname(cls), fields)
+        if kind == "partial":
+            return ("partial", self(value.func, depth + 1), self(value.args, depth + 1), self(value.keywords, depth + 1))
+        if kind == "method":
+            func = value.__func__
+            return ("method", self(value.__self__, depth + 1),
+                    self._function(func, depth) if isinstance(func, types.FunctionType) else self(func, depth + 1))
+        if kind == "function":
+            return self._function(value, depth)
+        if kind == "symbol":
+            return self._symbol(value)
+        if kind == "dsl":
             return arg_signature(value)  # runtime tensors, streams, DSL numerics; refuses the rest
         raise UnkeyableError(f"no description for compile argument of type {_qualname(cls)}")
 
@@ -146,10 +147,7 @@ class _Describer:
         ``inspect.get_annotations`` does; one that cannot be evaluated is keyed by its text.
         A typing construct (``Constexpr[int]``) is keyed by its ``repr``, which names it fully.
         """
-        try:
-            annotations = inspect.get_annotations(fn, eval_str=True)
-        except Exception:
-            annotations = dict(getattr(fn, "__annotations__", None) or {})
+        annotations = _evaluated_annotations(fn)
         out = []
         for name, value in annotations.items():
             try:
@@ -169,6 +167,70 @@ class _Describer:
 
 def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+#: class -> how :class:`_Describer` describes its instances (decided once per class: a key has
+#: ~200 arguments and attributes, of a few dozen classes).
+_CATEGORY: dict[type, str] = {type(None): "plain", bool: "plain", int: "plain", float: "plain", str: "plain",
+                              bytes: "plain", tuple: "seq", list: "seq"}
+
+
+def _categorize(cls: type, value: Any) -> str:
+    """The description a class's instances get; in the order of precedence the key has always had."""
+    mod = cls.__module__
+    if issubclass(cls, (bool, int, float, str, bytes)):
+        kind = "plain"
+    elif issubclass(cls, enum.Enum):
+        kind = "enum"
+    elif issubclass(cls, (tuple, list)):
+        kind = "seq"
+    elif issubclass(cls, dict):
+        kind = "dict"
+    elif issubclass(cls, type):
+        kind = "class"
+    elif mod == "torch" and cls.__name__ in ("dtype", "device", "Size"):
+        kind = "torch"
+    elif dataclasses.is_dataclass(cls):
+        kind = "dataclass"
+    elif issubclass(cls, functools.partial):
+        kind = "partial"
+    elif issubclass(cls, types.MethodType):
+        kind = "method"
+    elif issubclass(cls, types.FunctionType):
+        kind = "function"
+    elif cls.__name__ == "SymInt" and mod.startswith("cutlass"):
+        kind = "symbol"
+    elif cls.__name__ == "_FakeTensor" and mod.startswith("cutlass"):
+        kind = "fake_tensor"
+    elif _ours(mod) and hasattr(value, "__dict__"):
+        kind = "object"
+    elif mod.startswith(_DSL_MODULES) or (mod.startswith("torch.") and "stream" in cls.__qualname__.lower()):
+        kind = "dsl"
+    else:
+        kind = "none"
+    _CATEGORY[cls] = kind
+    return kind
+
+
+#: function -> its evaluated annotations: evaluating string annotations costs more than the rest
+#: of a key, and a kernel's functions are module-level, met again by every request in the process.
+_ANNOTATIONS: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
+
+
+def _evaluated_annotations(fn: Any) -> dict[str, Any]:
+    try:
+        return _ANNOTATIONS[fn]
+    except (KeyError, TypeError):
+        pass
+    try:
+        annotations = inspect.get_annotations(fn, eval_str=True)
+    except Exception:
+        annotations = dict(getattr(fn, "__annotations__", None) or {})
+    try:
+        _ANNOTATIONS[fn] = annotations
+    except TypeError:  # not weakly referenceable: evaluated every time
+        pass
+    return annotations
 
 
 #: Modules of the DSL: its version (the DSL stack) is in every key, so its code is fingerprinted.
@@ -249,22 +311,45 @@ def _dynamic_parameters(fn: Any, args: tuple[Any, ...]) -> set[int]:
     change the kernel: flashinfer's b12x GEMM passes each layer's scale extents that way and
     compiles one kernel for every layer. Anything we cannot read keeps the value in the key.
     """
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+        declared = _integer_parameters(fn.__func__, True)
+    elif isinstance(fn, types.FunctionType):
+        declared = _integer_parameters(fn, False)
+    else:  # a kernel object's __call__, a partial...: its values stay in the key
+        return set()
+    return {i for i in declared if i < len(args) and type(args[i]) is int}
+
+
+_INTEGER_PARAMETERS: "weakref.WeakKeyDictionary[Any, frozenset[int]]" = weakref.WeakKeyDictionary()
+
+
+def _integer_parameters(fn: Any, bound: bool) -> frozenset[int]:
+    """Positional indices (after ``self`` when ``bound``) of ``fn``'s parameters annotated with a
+    DSL integer type; read once per function."""
+    try:
+        return _INTEGER_PARAMETERS[fn]
+    except (KeyError, TypeError):
+        pass
+    out: set[int] = set()
     try:
         import cutlass
 
-        params = list(inspect.signature(fn).parameters.values())
-        annotations = inspect.get_annotations(getattr(fn, "__func__", fn), eval_str=True)
-    except Exception:
-        return set()
-    out = set()
-    for i, (param, value) in enumerate(zip(params, args)):
-        if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
-            break
-        ann = annotations.get(param.name)
-        if (isinstance(ann, type) and issubclass(ann, cutlass.Integer) and isinstance(value, int)
-                and not isinstance(value, bool)):
-            out.add(i)
-    return out
+        params = list(inspect.signature(fn).parameters.values())[1 if bound else 0:]
+        annotations = _evaluated_annotations(fn)
+        for i, param in enumerate(params):
+            if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+                break
+            ann = annotations.get(param.name)
+            if isinstance(ann, type) and issubclass(ann, cutlass.Integer):
+                out.add(i)
+    except Exception:  # unreadable: every value stays in the key
+        out = set()
+    result = frozenset(out)
+    try:
+        _INTEGER_PARAMETERS[fn] = result
+    except TypeError:
+        pass
+    return result
 
 
 def _key(call: Call) -> Any:
@@ -290,10 +375,18 @@ def _tree_facts(tree: str) -> tuple[str, tuple[str, ...]]:
 
 
 def _environment(call: Call) -> Environment:
-    """The site's module, the compile's, the flashinfer modules its arguments come from, its kernel tree."""
-    row: Row = call.locals["row"]
-    modules = [m for m in dict.fromkeys((*call.locals["modules"], *call.locals["describer"].modules))
-               if m.startswith("flashinfer.") and m in sys.modules]
+    """The site's module, the compile's, the flashinfer modules its arguments come from, its kernel tree.
+
+    Built once per (site, modules) in a process, as every source fingerprint is: flashinfer is
+    not reloaded under an engine, and the variables its code reads are process settings.
+    """
+    modules = tuple(m for m in dict.fromkeys((*call.locals["modules"], *call.locals["describer"].modules))
+                    if m.startswith("flashinfer.") and m in sys.modules)
+    return _environment_of(call.locals["row"], modules)
+
+
+@functools.lru_cache(maxsize=1024)
+def _environment_of(row: Row, modules: tuple[str, ...]) -> Environment:
     facts = [_common.site_sources(m) for m in modules]
     prints = [f.fingerprint for f in facts]
     reads = {name for f in facts for name in f.env_reads}
