@@ -159,7 +159,8 @@ def test_a_fresh_process_plans_the_same_keys(model: str, stack: str, first_plans
     first = first_plans(model, stack)
     second = _driver(stack, tmp_path, compile_hook_dir, "plan", model)
     assert "error" not in first and "error" not in second, (first.get("error"), second.get("error"))
-    assert {k["digest"] for k in second["kernels"]} == {k["digest"] for k in first["kernels"]}
+    before, after = {k["digest"] for k in first["kernels"]}, {k["digest"] for k in second["kernels"]}
+    assert after == before, f"{len(before - after)} of {len(before)} digests not planned again (an address, id or pid in a key?)"
     first_map, second_map = _memo_map(first), _memo_map(second)
     changed = {key: (d, second_map.get(key)) for key, d in first_map.items() if second_map.get(key) != d}
     assert first_map and not changed and len(second_map) == len(first_map), sorted(changed.items())[:5]
