@@ -89,11 +89,13 @@ def test_refused_combination_attaches_nothing_and_says_so_once(tmp_path: Path) -
     code = ("import logging, sys, cute_diskcache\n"
             "cute_diskcache.install(target='rtx-pro-6000')\n"
             "from flashinfer.fused_moe.cute_dsl.blackwell_sm12x import moe_dispatch\n"
-            "from cute_diskcache.flashinfer_sites import _common\n"
-            "print(isinstance(moe_dispatch.cute, _common._CuteProxy))\n")
+            "import cutlass.cute as cute\n"
+            "from cute_diskcache.flashinfer_sites import hook\n"
+            "print(isinstance(cute.compile, hook._Dispatch))\n")
     proc = _run(python, ["-c", code], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["False"], "moe_dispatch was patched although the combination is refused"
+    assert proc.stdout.split() == ["False"], "the compile hook was attached although the combination is refused"
+    assert "attached:" not in proc.stderr, proc.stderr[-3000:]  # no cache attached either (its warm-up line)
     lines = [ln for ln in proc.stderr.splitlines() if "refuses" in ln]
     assert lines == ["cute-diskcache refuses flashinfer 0.6.12 with nvidia-cutlass-dsl 4.5.0: nvidia-cutlass-dsl 4.5 without "
                      "its cu13 libraries cannot assemble the sm12x MoE kernels (ptxas: \"Unexpected instruction types specified "
