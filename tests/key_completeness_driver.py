@@ -28,6 +28,7 @@ import io
 import json
 import sys
 import time
+import warnings
 from typing import Any, Iterator
 
 TARGET = "rtx-pro-6000"
@@ -89,6 +90,12 @@ def _memos() -> Iterator[tuple[str, Any]]:
 
 def walk() -> dict[str, Any]:
     """What flashinfer holds after planning: its memo entries that hold a PlannedKernel."""
+    with warnings.catch_warnings():  # reading module globals touches deprecated aliases (torch's reduce_op)
+        warnings.simplefilter("ignore")
+        return _walk()
+
+
+def _walk() -> dict[str, Any]:
     entries: list[tuple[str, Any, str]] = []
     unreadable: list[dict[str, Any]] = []
     walked: set[int] = set()

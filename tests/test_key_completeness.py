@@ -102,6 +102,8 @@ def _driver(stack: str, tmp: Path, hook_dir: Path, *args: str) -> dict[str, Any]
     proc = _run([_python(stack), str(DRIVER), *args, "--max-num-batched-tokens", str(MAX_TOKENS)],
                 _env(tmp / "root", hook_dir), tmp)
     report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "error" in report:
+        report["error"] += "\n" + proc.stderr[-1500:]  # prewarm's refusal, and what was said before it
     counted = _COUNT_LINE.findall(proc.stderr)
     report["real_compiles"] = int(counted[-1]) if counted else None
     report["stderr"] = proc.stderr
@@ -135,6 +137,8 @@ def test_no_two_flashinfer_kernels_share_one_of_our_keys(model: str, stack: str,
     planned = {k["digest"] for k in kernels}
     by_kind = {kind: sum(k["kind"] == kind for k in kernels) for kind in {k["kind"] for k in kernels}}
     assert KINDS[model, stack] <= {kind for kind, n in by_kind.items() if n > 0}, by_kind
+    # A dry run compiles nothing: a real compile while planning is a kernel our hook did not key.
+    assert report["real_compiles"] == 0, f"planning compiled {report['real_compiles']} kernels for real:\n{report['stderr'][-3000:]}"
     # Every memo read, and nothing holding a planned kernel outside them: the walk is complete.
     assert report["unreadable"] == [] and report["elsewhere"] == [], (report["unreadable"], report["elsewhere"])
     # The property: a digest of ours under two distinct keys of flashinfer = two kernels, one entry.
