@@ -192,8 +192,9 @@ def test_compiled_kernels_hit_in_a_fresh_process_with_zero_compiles(stack: str, 
                                                                     compile_hook_dir: Path) -> None:
     """All models of a stack in one cold process (each chosen kernel compiled once, on exactly
     its planned digest), then one fresh process on the same root: each a hit, nothing compiled."""
-    chosen = {model: _one_of_each_kind(first_plans(model, stack)["kernels"], model)
-              for model, s in PLANNED_CELLS if s == stack}
+    plans = {model: first_plans(model, stack) for model, s in PLANNED_CELLS if s == stack}
+    assert not [p["error"] for p in plans.values() if "error" in p], {m: p["error"] for m, p in plans.items() if "error" in p}
+    chosen = {model: _one_of_each_kind(plan["kernels"], model) for model, plan in plans.items()}
     for model, kernels in chosen.items():
         moe_kinds = KINDS[model, stack] - ({"b12x_fp4"} if model != DENSE_MODEL else set())
         assert {k["kind"] for k in kernels} >= moe_kinds, (model, [k["kind"] for k in kernels])
