@@ -546,3 +546,49 @@ def test_patch_is_idempotent_and_unpatch_puts_the_real_compile_back() -> None:
     assert cute.compile is before and hook._ENABLED is False
     hook.unpatch()
     assert cute.compile is before
+
+
+_JIT_CHILD = textwrap.dedent('''
+    import sys, types
+    import cutlass, cutlass.cute as cute
+    from cute_diskcache.flashinfer_sites import hook
+
+    hook._ours = lambda module: True  # this script's module stands in for flashinfer's
+
+
+    class Kernel:
+        @cute.jit
+        def wrapper(self, a: cutlass.Int32, b: cutlass.Constexpr):
+            x = a + b
+
+
+    kernel = Kernel()
+    func = Kernel.__dict__["wrapper"]
+    while isinstance(getattr(func, "__wrapped__", None), types.FunctionType):
+        func = func.__wrapped__
+    before = hook.describe(kernel.wrapper)
+    code = func.__code__
+    cute.compile(kernel.wrapper, 3, 4)
+    rewritten = func.__code__ is not code
+    after = hook.describe(kernel.wrapper)
+    if sys.argv[1] == "old-dsl":  # a DSL before 4.8 keeps no copy of the code it rewrote
+        func.__dict__.pop("_original_code", None)
+    again = hook.describe(kernel.wrapper)
+    print(rewritten, before == after == again)
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dsl", ["dsl", "old-dsl"])
+def test_a_jit_functions_key_does_not_change_when_a_compile_rewrites_its_code(tmp_path: Path, dsl: str) -> None:
+    """Compiling a ``cute.jit`` function replaces its ``__code__`` with the DSL preprocessor's
+    rewrite. Keyed by ``__code__``, the second kernel of a prewarm using that function got
+    another key than an engine (whose hits compile nothing) asks for: the b12x MXFP8 GEMM missed
+    in every fresh process after prewarm had compiled the FP4 one (issue 22). The key takes the
+    code as written: the DSL's ``_original_code``, or the code as this process first met it."""
+    script = tmp_path / "jit_child.py"
+    script.write_text(_JIT_CHILD)
+    env = {**os.environ, "CUTE_DSL_ARCH": "sm_120a"}
+    proc = subprocess.run([sys.executable, str(script), dsl], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-2:] == ["True", "True"], proc.stdout[-2000:]

@@ -103,13 +103,7 @@ _IMPORT_ONLY = ("import logging, sys\n"
                 "import flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch\n")
 
 
-@pytest.mark.parametrize("logging_setup", [
-    pytest.param("none", marks=pytest.mark.xfail(strict=True, reason=(
-        "bug: compat.note_unverified logs at the DSL's import (flashinfer_sites.attach_dsl), before "
-        "report.attached runs logsetup.configure(); with no logging configured the INFO record meets "
-        "root's WARNING level and no handler, and is dropped"))),
-    "app",
-])
+@pytest.mark.parametrize("logging_setup", ["none", "app"])
 def test_unverified_release_is_said_once_at_info(logging_setup: str, python: Path, as_073: Path, tmp_path: Path) -> None:
     """Whether the engine configured logging ("app") or not ("none", where our own stderr handler
     shows what no other would), the one line that says the release is unverified is seen, once."""

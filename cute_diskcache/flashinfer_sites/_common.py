@@ -86,6 +86,12 @@ def arg_signature(arg: Any) -> Any:
             str(getattr(arg, "memspace", None)),
             getattr(arg, "_use_32bit_stride", None),
         )
+    if cls.__name__ == "_Pointer" and cls.__module__.startswith("cutlass"):  # make_ptr(dtype, address, space, align)
+        # The address is a runtime argument; the element type, space and assumed alignment are compiled in.
+        dtype = getattr(arg, "_dtype", None)
+        if not isinstance(dtype, type) or not hasattr(arg, "_addr_space") or not isinstance(getattr(arg, "_assumed_align", None), int):
+            raise UnkeyableError(f"pointer argument {name} without the element type, space and alignment we key")
+        return ("pointer", name, f"{dtype.__module__}.{dtype.__qualname__}", str(arg._addr_space), arg._assumed_align)
     if "stream" in cls.__qualname__.lower():
         return ("stream", name)
     value = getattr(arg, "value", None)
@@ -244,7 +250,8 @@ def through_cache(site: Site, call: Call, compile_fn: Callable[[], Any],
     """
     uncached = uncached or compile_fn
     try:
-        key = CacheKey(site.env(call), site.name, site.key(call), site.options(call))
+        site_key = site.key(call)  # first: describing the arguments names the modules env() fingerprints
+        key = CacheKey(site.env(call), site.name, site_key, site.options(call))
         key.digest  # noqa: B018 - encode now, so an unkeyable element is caught here
         cache = cache_fn()
     except UnkeyableError as exc:

@@ -132,6 +132,9 @@ def note_unverified() -> None:
     version = flashinfer_version()
     if not verified(version) and not _UNVERIFIED_LOGGED:
         _UNVERIFIED_LOGGED.append(True)
+        from .. import logsetup
+
+        logsetup.configure()  # said at the DSL's import, before the attach line configures it
         log.info("flashinfer %s is not a release the compatibility matrix proved; its sites are keyed by what they "
                  "compile as on every release (`cute-diskcache doctor --strict` lists any it no longer reaches)", version)
 

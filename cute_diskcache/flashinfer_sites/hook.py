@@ -137,7 +137,7 @@ class _Describer:
                 cells.append((name, self(cell.cell_contents, depth + 1)))
             except ValueError:  # an empty cell
                 cells.append((name, ("empty",)))
-        return ("function", module, fn.__qualname__, code_digest(fn.__code__), self._annotations(fn, depth),
+        return ("function", module, fn.__qualname__, code_digest(_original_code(fn)), self._annotations(fn, depth),
                 self(fn.__defaults__, depth + 1), self(fn.__kwdefaults__, depth + 1), tuple(cells))
 
     def _annotations(self, fn: types.FunctionType, depth: int) -> Any:
@@ -231,6 +231,28 @@ def _evaluated_annotations(fn: Any) -> dict[str, Any]:
     except TypeError:  # not weakly referenceable: evaluated every time
         pass
     return annotations
+
+
+#: function -> its code as we first met it (DSLs before 4.8 keep no copy of what they rewrite).
+_FIRST_CODE: "weakref.WeakKeyDictionary[Any, types.CodeType]" = weakref.WeakKeyDictionary()
+
+
+def _original_code(fn: types.FunctionType) -> types.CodeType:
+    """A function's code as written, not as the DSL's preprocessor left it.
+
+    Compiling a ``cute.jit`` function replaces its ``__code__`` with the preprocessor's rewrite,
+    so the code of a function another compile of this process already used differs from that of
+    a fresh process (where hits compile nothing): keyed by ``__code__``, the second kernel of a
+    prewarm would never be hit by an engine. The DSL (4.8+) keeps the original as
+    ``_original_code``; before that, the code as this process first met it stands in.
+    """
+    code = fn.__dict__.get("_original_code")
+    if isinstance(code, types.CodeType):
+        return code
+    try:
+        return _FIRST_CODE.setdefault(fn, fn.__code__)
+    except TypeError:
+        return fn.__code__
 
 
 #: Modules of the DSL: its version (the DSL stack) is in every key, so its code is fingerprinted.
