@@ -53,6 +53,7 @@ def child(args: argparse.Namespace) -> int:
     from cute_diskcache import flashinfer_sites
     from cute_diskcache.cache import default_cache
     from cute_diskcache.flashinfer_sites import _common, native
+    from cute_diskcache.patches import PATCHES
 
     calls: list[dict[str, Any]] = []
     now = {"m": 0}
@@ -74,7 +75,7 @@ def child(args: argparse.Namespace) -> int:
     else:
         # flashinfer's own builder, not our stand-in (which, left to flashinfer, first computes each
         # kernel's native identity for the dispatcher: flashinfer's one-off fingerprint outside our timer).
-        real_build = _common.PATCHES.original(md, native.BUILDER)
+        real_build = PATCHES.original(md, native.BUILDER)
 
         def build(module_name: str, kernel_name: str, compile_fn: Any, *a: Any, **k: Any) -> Any:
             ran: list[bool] = []

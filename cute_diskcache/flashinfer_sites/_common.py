@@ -2,8 +2,8 @@
 
 :func:`through_cache` is the one path every intercepted compile takes (key it, then hit, compile
 or plan); :class:`Site` says how (key, options, side data) and :class:`Call` is what one compile
-brought. Everything we change in a flashinfer or DSL module is recorded (:class:`Patches`), so
-``unpatch`` puts back exactly what was there.
+brought. Everything we change in a flashinfer or DSL module is recorded in :data:`PATCHES`
+(:mod:`..patches`), so ``unpatch`` puts back exactly what was there.
 """
 
 from __future__ import annotations
@@ -15,20 +15,12 @@ import functools
 import logging
 import re
 import sys
-import threading
-from types import ModuleType
 from typing import Any, Callable, Iterable, Iterator
 
 from ..cache import CompileCache, default_cache
 from ..key import CacheKey, Environment, SourceFacts, UnkeyableError, source_facts
 
 log = logging.getLogger("cute_diskcache")
-
-
-
-# --------------------------------------------------------------------------------------------
-# Versions
-# --------------------------------------------------------------------------------------------
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -52,11 +44,6 @@ def flashinfer_version() -> str:
     except importlib.metadata.PackageNotFoundError:
         mod = sys.modules.get("flashinfer")
         return str(getattr(mod, "__version__", "0+unknown"))
-
-
-# --------------------------------------------------------------------------------------------
-# Keys
-# --------------------------------------------------------------------------------------------
 
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
@@ -132,11 +119,6 @@ NOT_CODEGEN_ENV = frozenset({
     "FLASHINFER_TRACE_DUMP_DIR", "FLASHINFER_TRACE_APPLY", "FLASHINFER_NO_DOWNLOAD", "FLASHINFER_AUTOTUNE_DIR",
     "SPDLOG_LEVEL", "TLLM_LOG_LEVEL", "TLLM_LOG_FIRST_RANK_ONLY",
 })
-
-
-# --------------------------------------------------------------------------------------------
-# Sites and the one path through the cache
-# --------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,110 +258,6 @@ def through_cache(site: Site, call: Call, compile_fn: Callable[[], Any],
     return kernel
 
 
-# --------------------------------------------------------------------------------------------
-# Calling convention: what a compiled tvm-ffi kernel accepts that a loaded one does not
-# --------------------------------------------------------------------------------------------
-
-_PLAIN_DEFAULT = (type(None), bool, int, float, str)
-
-
-def calling_convention(kernel: Any) -> dict[str, Any] | None:
-    """How a freshly compiled tvm-ffi kernel takes its arguments, as side data (or None).
-
-    ``cute.compile`` wraps a tvm-ffi kernel in the DSL's keyword wrapper: parameter names,
-    trailing defaults (the b12x GEMM's three optional SVDQuant tensors default to ``None``, and
-    flashinfer omits them), keyword-only parameters. A kernel loaded from disk is the bare,
-    positional tvm-ffi function, so a caller that relies on a default would fail on a hit. The
-    wrapper's own signature is the DSL's spec; None when there is no wrapper or it does more
-    than names and plain defaults (dataclass unpacking, pointer conversion): such an entry is
-    then never handed out (:func:`convention_ok`).
-    """
-    import inspect
-
-    wrapper = getattr(kernel, "_kwargs_wrapper", None)
-    if wrapper is None or "__i_unpack" in getattr(wrapper, "__globals__", {}):
-        return None
-    if getattr(getattr(kernel, "execution_args", None), "has_pointer_address_arg_specs", False):
-        return None
-    names, defaults, kwonly, kwdefaults = [], [], [], {}
-    for p in inspect.signature(wrapper).parameters.values():
-        has_default = p.default is not inspect.Parameter.empty
-        if has_default and not isinstance(p.default, _PLAIN_DEFAULT):
-            return None
-        if p.kind is inspect.Parameter.KEYWORD_ONLY:
-            kwonly.append(p.name)
-            if has_default:
-                kwdefaults[p.name] = p.default
-        elif p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
-            names.append(p.name)
-            if has_default:
-                defaults.append(p.default)
-        else:
-            return None
-    return {"arg_names": names, "arg_defaults": defaults, "kwonly_names": kwonly, "kwonly_defaults": kwdefaults}
-
-
-def convention_ok(conv: Any) -> bool:
-    """Side data from disk has the shape :func:`calling_convention` writes."""
-    return (isinstance(conv, dict) and isinstance(conv.get("arg_names"), list) and isinstance(conv.get("arg_defaults"), list)
-            and isinstance(conv.get("kwonly_names"), list) and isinstance(conv.get("kwonly_defaults"), dict)
-            and all(isinstance(n, str) for n in conv["arg_names"] + conv["kwonly_names"])
-            and len(conv["arg_defaults"]) <= len(conv["arg_names"]))
-
-
-def with_calling_convention(kernel: Any, conv: dict[str, Any]) -> Any:
-    """A loaded (bare) tvm-ffi kernel, wrapped to take its arguments as the compiled one did."""
-    if getattr(kernel, "_kwargs_wrapper", None) is not None:
-        return kernel  # compiled in this process: already wrapped
-    return Convention(kernel, conv)
-
-
-class Convention:
-    """The compiled kernel's calling convention around a loaded, positional-only tvm-ffi kernel.
-
-    tvm-ffi's ``make_kwargs_wrapper`` generates code and executes it for each kernel, which cost
-    more than the rest of a hit; this one is built from the stored convention in microseconds.
-    A call that passes every positional argument, or leaves out trailing defaults (the b12x
-    GEMM's optional tensors), goes straight through; any other is bound to the compiled one's
-    signature, whose errors it raises.
-    """
-
-    __slots__ = ("_kernel", "_conv", "_n", "_first_default", "_defaults", "_kwonly", "_signature")
-
-    def __init__(self, kernel: Any, conv: dict[str, Any]) -> None:
-        self._kernel, self._conv = kernel, conv
-        defaults = tuple(conv["arg_defaults"])
-        self._n, self._defaults = len(conv["arg_names"]), defaults
-        self._first_default = self._n - len(defaults)
-        self._kwonly = tuple(conv["kwonly_names"])
-        self._signature: Any = None  # built on the first call that needs binding
-
-    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        import inspect
-
-        if self._signature is None:
-            P, first = inspect.Parameter, self._first_default
-            params = [P(n, P.POSITIONAL_OR_KEYWORD, default=self._defaults[i - first] if i >= first else P.empty)
-                      for i, n in enumerate(self._conv["arg_names"])]
-            params += [P(n, P.KEYWORD_ONLY, default=self._conv["kwonly_defaults"].get(n, P.empty)) for n in self._kwonly]
-            self._signature = inspect.Signature(params)
-        bound = self._signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return tuple(bound.arguments[p] for p in self._signature.parameters)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not kwargs and not self._kwonly:
-            n = len(args)
-            if n == self._n:
-                return self._kernel(*args)
-            if self._first_default <= n < self._n:
-                return self._kernel(*args, *self._defaults[n - self._first_default:])
-        return self._kernel(*self._bind(args, kwargs))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._kernel, name)
-
-
 def _planned_extra(cache: CompileCache, key: CacheKey) -> dict[str, Any]:
     """While planning: the side data of an entry already on disk (manifest only, no load)."""
     from .. import entry
@@ -388,75 +266,3 @@ def _planned_extra(cache: CompileCache, key: CacheKey) -> dict[str, Any]:
         return dict(entry.read_manifest(cache.store.entry_dir(key)).get("extra") or {})
     except Exception:
         return {}
-
-
-# --------------------------------------------------------------------------------------------
-# What we changed, so it can be undone
-# --------------------------------------------------------------------------------------------
-
-
-class Patches:
-    """Per flashinfer module: every global we replaced and what it held before."""
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self._saved: dict[str, dict[str, Any]] = {}
-
-    @property
-    def lock(self) -> threading.RLock:
-        return self._lock
-
-    def set(self, module: ModuleType, name: str, value: Any, *, original: Any = None) -> None:
-        """``module.name = value``, remembering the first original.
-
-        ``original`` names what to restore when the module already holds something of ours
-        (a module that imported our replacement from another one by name).
-        """
-        with self._lock:
-            saved = self._saved.setdefault(module.__name__, {})
-            if name not in saved:
-                saved[name] = module.__dict__.get(name, _ABSENT) if original is None else original
-            setattr(module, name, value)
-
-    def original(self, module: ModuleType, name: str) -> Any:
-        """What ``module.name`` held before we changed it (its current value if untouched)."""
-        with self._lock:
-            value = self._saved.get(module.__name__, {}).get(name, _ABSENT)
-        return module.__dict__.get(name) if value is _ABSENT else value
-
-    def replace(self, module: ModuleType, name: str, marker: str, make: Callable[[Any], Any]) -> bool:
-        """``module.name = make(original)`` unless our replacement (it carries ``marker``) is there.
-
-        Idempotent, for the import hook calls ``patch`` once per import of a module and again
-        on re-activation. ``make`` returns None to decline (what it would wrap is not what we
-        know); True when ours is in place afterwards.
-        """
-        with self._lock:
-            if getattr(module.__dict__.get(name), marker, False):
-                return True
-            real = self.original(module, name)
-            value = None if real is None else make(real)
-            if value is None:
-                return False
-            self.set(module, name, value)
-            return True
-
-    def touched(self, module: ModuleType, name: str) -> bool:
-        with self._lock:
-            return name in self._saved.get(module.__name__, {})
-
-    def restore(self, module: ModuleType, names: tuple[str, ...] | None = None) -> None:
-        with self._lock:
-            saved = self._saved.get(module.__name__, {})
-            for name in list(saved if names is None else names):
-                if name not in saved:
-                    continue
-                value = saved.pop(name)
-                if value is _ABSENT:
-                    module.__dict__.pop(name, None)
-                else:
-                    setattr(module, name, value)
-
-
-_ABSENT = object()
-PATCHES = Patches()

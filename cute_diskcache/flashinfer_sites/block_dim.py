@@ -16,7 +16,8 @@ from types import ModuleType
 from typing import Any
 
 from .. import elf, targets
-from ._common import PATCHES, planned
+from ..patches import PATCHES
+from ._common import planned
 from .names import MOE_DISPATCH, SM12X
 
 log = logging.getLogger("cute_diskcache")

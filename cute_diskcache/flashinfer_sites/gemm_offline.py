@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from .. import targets
-from ._common import PATCHES
+from ..patches import PATCHES
 from .names import MSA_PROXY
 
 log = logging.getLogger("cute_diskcache")

@@ -42,10 +42,11 @@ import sys
 import threading
 import types
 import weakref
-import zlib
 from pathlib import Path
 from typing import Any
 
+from ..convention import calling_convention, convention_ok, packed_ptx, with_calling_convention, with_ptx
+from ..patches import PATCHES
 from ..key import Environment, UnkeyableError, code_digest, codegen_env, current_arch, env_reads, keyed_env
 from . import _common, block_dim, sites
 from ._common import NOT_CODEGEN_ENV, Call, Site, arg_signature, options_text
@@ -212,25 +213,14 @@ def _categorize(cls: type, value: Any) -> str:
     return kind
 
 
-#: function -> its evaluated annotations: evaluating string annotations costs more than the rest
-#: of a key, and a kernel's functions are module-level, met again by every request in the process.
-_ANNOTATIONS: "weakref.WeakKeyDictionary[Any, dict[str, Any]]" = weakref.WeakKeyDictionary()
-
-
+@functools.lru_cache(maxsize=4096)
 def _evaluated_annotations(fn: Any) -> dict[str, Any]:
+    """A function's evaluated annotations, once per function: evaluating string annotations costs
+    more than the rest of a key, and a kernel's functions are met again by every request."""
     try:
-        return _ANNOTATIONS[fn]
-    except (KeyError, TypeError):
-        pass
-    try:
-        annotations = inspect.get_annotations(fn, eval_str=True)
+        return inspect.get_annotations(fn, eval_str=True)
     except Exception:
-        annotations = dict(getattr(fn, "__annotations__", None) or {})
-    try:
-        _ANNOTATIONS[fn] = annotations
-    except TypeError:  # not weakly referenceable: evaluated every time
-        pass
-    return annotations
+        return dict(getattr(fn, "__annotations__", None) or {})
 
 
 #: function -> its code as we first met it (DSLs before 4.8 keep no copy of what they rewrite).
@@ -299,8 +289,6 @@ _ARTIFACT_OPTIONS = ("KeepCUBIN", "keep-ptx", "keep-cubin", "dump-dir")
 #: that keeps its PTX gets it back on a hit (GDN's compile cache checks the PTX of every SM12x
 #: kernel it compiles, in a fresh temporary directory each time).
 _PTX_OPTIONS = ("KeepPTX", "DumpDir")
-#: Compressed PTX above this is not stored (the manifest holds it); such an entry is never served.
-_MAX_PTX_BYTES = 768 << 10
 
 
 def _dsl_options(options: Any) -> tuple[Any, ...]:
@@ -342,16 +330,10 @@ def _dynamic_parameters(fn: Any, args: tuple[Any, ...]) -> set[int]:
     return {i for i in declared if i < len(args) and type(args[i]) is int}
 
 
-_INTEGER_PARAMETERS: "weakref.WeakKeyDictionary[Any, frozenset[int]]" = weakref.WeakKeyDictionary()
-
-
+@functools.lru_cache(maxsize=4096)
 def _integer_parameters(fn: Any, bound: bool) -> frozenset[int]:
     """Positional indices (after ``self`` when ``bound``) of ``fn``'s parameters annotated with a
     DSL integer type; read once per function."""
-    try:
-        return _INTEGER_PARAMETERS[fn]
-    except (KeyError, TypeError):
-        pass
     out: set[int] = set()
     try:
         import cutlass
@@ -365,13 +347,8 @@ def _integer_parameters(fn: Any, bound: bool) -> frozenset[int]:
             if isinstance(ann, type) and issubclass(ann, cutlass.Integer):
                 out.add(i)
     except Exception:  # unreadable: every value stays in the key
-        out = set()
-    result = frozenset(out)
-    try:
-        _INTEGER_PARAMETERS[fn] = result
-    except TypeError:
-        pass
-    return result
+        return frozenset()
+    return frozenset(out)
 
 
 def _key(call: Call) -> Any:
@@ -429,30 +406,13 @@ def _environment_of(row: Row, modules: tuple[str, ...]) -> Environment:
 
 
 def _extra(kernel: Any, call: Call) -> dict[str, Any]:
-    extra = {"calling_convention": _common.calling_convention(kernel),
+    extra = {"calling_convention": calling_convention(kernel),
              "kwargs_wrapper": getattr(kernel, "_kwargs_wrapper", None) is not None}
     if call.locals.get("wants_ptx"):
-        extra["ptx_z"] = _packed_ptx(kernel)
+        extra["ptx_z"] = packed_ptx(kernel)
     if call.locals["row"].side == "block_dim":
         extra.update(block_dim.extra(kernel, call.args[0]))
     return extra
-
-
-def _packed_ptx(kernel: Any) -> bytes | None:
-    """The compiled kernel's PTX, zlib-compressed (None: none, or too large to keep)."""
-    try:
-        ptx = kernel.__ptx__
-        if isinstance(ptx, str) and os.path.isfile(ptx):
-            ptx = Path(ptx).read_text()
-    except Exception:  # no PTX after all: the entry is never served to a caller asking for it
-        return None
-    if not isinstance(ptx, str):
-        return None
-    packed = zlib.compress(ptx.encode(), 6)
-    if len(packed) > _MAX_PTX_BYTES:
-        log.warning("cute-diskcache: PTX of %d bytes not kept; this kernel compiles in every process", len(ptx))
-        return None
-    return packed
 
 
 def _extra_ok(extra: dict[str, Any], row: Row) -> bool:
@@ -464,21 +424,7 @@ def _extra_ok(extra: dict[str, Any], row: Row) -> bool:
         return False
     if row.side == "block_dim" and not block_dim.extra_ok(extra):
         return False
-    return _common.convention_ok(extra.get("calling_convention")) if wrapped else extra.get("calling_convention") is None
-
-
-class WithPtx:
-    """A loaded kernel that also answers ``__ptx__`` (the compiled one's), for callers that read it."""
-
-    def __init__(self, kernel: Any, ptx: str) -> None:
-        self._kernel = kernel
-        self.__ptx__ = ptx
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._kernel(*args, **kwargs)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._kernel, name)
+    return convention_ok(extra.get("calling_convention")) if wrapped else extra.get("calling_convention") is None
 
 
 def _deliver(kernel: Any, extra: dict[str, Any], call: Call) -> None:
@@ -487,21 +433,11 @@ def _deliver(kernel: Any, extra: dict[str, Any], call: Call) -> None:
 
 
 def _adapt(kernel: Any, extra: dict[str, Any], call: Call) -> Any:
-    if _common.convention_ok(extra.get("calling_convention")):
-        kernel = _common.with_calling_convention(kernel, extra["calling_convention"])
+    if convention_ok(extra.get("calling_convention")):
+        kernel = with_calling_convention(kernel, extra["calling_convention"])
     if not call.locals.get("wants_ptx"):
         return kernel
-    try:
-        have = kernel.__ptx__
-    except Exception:
-        have = None
-    if have:
-        return kernel  # compiled in this process
-    packed = extra.get("ptx_z")
-    if not isinstance(packed, bytes):  # not reached: the key says "keep-ptx" and such entries hold it
-        log.error("cute-diskcache: %s entry holds no PTX for a caller that reads it", call.locals["site"])
-        return kernel
-    return WithPtx(kernel, zlib.decompress(packed).decode())
+    return with_ptx(kernel, extra.get("ptx_z"), call.locals["site"])
 
 
 @functools.lru_cache(maxsize=None)
@@ -624,7 +560,7 @@ def patch() -> bool:
         except ImportError:
             return False
         _ENABLED = True
-        return _common.PATCHES.replace(cute, "compile", _MARKER, lambda real: _Dispatch(real))
+        return PATCHES.replace(cute, "compile", _MARKER, lambda real: _Dispatch(real))
 
 
 def unpatch() -> None:
@@ -636,7 +572,7 @@ def unpatch() -> None:
             import cutlass.cute as cute
         except ImportError:
             return
-        _common.PATCHES.restore(cute, ("compile",))
+        PATCHES.restore(cute, ("compile",))
         _CODES.clear()
 
 

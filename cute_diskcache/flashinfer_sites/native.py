@@ -33,6 +33,7 @@ import time
 from types import ModuleType
 from typing import Any, Callable
 
+from ..patches import PATCHES
 from . import _common, hook
 from .names import CUTE_DSL_CORE, MOE_DISPATCH
 from .sites import Row
@@ -167,12 +168,12 @@ def patch(module: ModuleType) -> bool:
     """Stand in front of flashinfer's builder where ``module`` holds it (idempotent)."""
     if module.__name__ not in (CUTE_DSL_CORE, MOE_DISPATCH) or BUILDER not in module.__dict__:
         return False
-    return _common.PATCHES.replace(module, BUILDER, _MARKER, _builder)
+    return PATCHES.replace(module, BUILDER, _MARKER, _builder)
 
 
 def unpatch(module: ModuleType) -> None:
     if module.__name__ in (CUTE_DSL_CORE, MOE_DISPATCH):
-        _common.PATCHES.restore(module, (BUILDER,))
+        PATCHES.restore(module, (BUILDER,))
 
 
 __all__ = ["BUILDER", "EVENTS", "native_identity", "patch", "serves_native", "serving", "unpatch"]

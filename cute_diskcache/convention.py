@@ -1,0 +1,167 @@
+"""Owns what a kernel loaded from disk needs to be used as the compiled one was: calling convention, PTX.
+
+``cute.compile`` wraps a tvm-ffi kernel in the DSL's keyword wrapper (parameter names, trailing
+defaults, keyword-only parameters); a kernel loaded from disk is the bare, positional tvm-ffi
+function. The convention is read from the compiled kernel (:func:`calling_convention`), stored
+beside the artifact as side data, and put back around the loaded one (:func:`with_calling_convention`).
+A caller that compiled with ``KeepPTX`` reads the kernel's PTX (flashinfer's GDN checks it):
+kept compressed beside the artifact (:func:`packed_ptx`) and answered on a hit (:func:`with_ptx`).
+Nothing here knows flashinfer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import zlib
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("cute_diskcache")
+
+#: Compressed PTX above this is not stored (the manifest holds it); such an entry is never served.
+_MAX_PTX_BYTES = 768 << 10
+
+_PLAIN_DEFAULT = (type(None), bool, int, float, str)
+
+
+def calling_convention(kernel: Any) -> dict[str, Any] | None:
+    """How a freshly compiled tvm-ffi kernel takes its arguments, as side data (or None).
+
+    ``cute.compile`` wraps a tvm-ffi kernel in the DSL's keyword wrapper: parameter names,
+    trailing defaults (the b12x GEMM's three optional SVDQuant tensors default to ``None``, and
+    flashinfer omits them), keyword-only parameters. A kernel loaded from disk is the bare,
+    positional tvm-ffi function, so a caller that relies on a default would fail on a hit. The
+    wrapper's own signature is the DSL's spec; None when there is no wrapper or it does more
+    than names and plain defaults (dataclass unpacking, pointer conversion): such an entry is
+    then never handed out (:func:`convention_ok`).
+    """
+    import inspect
+
+    wrapper = getattr(kernel, "_kwargs_wrapper", None)
+    if wrapper is None or "__i_unpack" in getattr(wrapper, "__globals__", {}):
+        return None
+    if getattr(getattr(kernel, "execution_args", None), "has_pointer_address_arg_specs", False):
+        return None
+    names, defaults, kwonly, kwdefaults = [], [], [], {}
+    for p in inspect.signature(wrapper).parameters.values():
+        has_default = p.default is not inspect.Parameter.empty
+        if has_default and not isinstance(p.default, _PLAIN_DEFAULT):
+            return None
+        if p.kind is inspect.Parameter.KEYWORD_ONLY:
+            kwonly.append(p.name)
+            if has_default:
+                kwdefaults[p.name] = p.default
+        elif p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+            names.append(p.name)
+            if has_default:
+                defaults.append(p.default)
+        else:
+            return None
+    return {"arg_names": names, "arg_defaults": defaults, "kwonly_names": kwonly, "kwonly_defaults": kwdefaults}
+
+
+def convention_ok(conv: Any) -> bool:
+    """Side data from disk has the shape :func:`calling_convention` writes."""
+    return (isinstance(conv, dict) and isinstance(conv.get("arg_names"), list) and isinstance(conv.get("arg_defaults"), list)
+            and isinstance(conv.get("kwonly_names"), list) and isinstance(conv.get("kwonly_defaults"), dict)
+            and all(isinstance(n, str) for n in conv["arg_names"] + conv["kwonly_names"])
+            and len(conv["arg_defaults"]) <= len(conv["arg_names"]))
+
+
+def with_calling_convention(kernel: Any, conv: dict[str, Any]) -> Any:
+    """A loaded (bare) tvm-ffi kernel, wrapped to take its arguments as the compiled one did."""
+    if getattr(kernel, "_kwargs_wrapper", None) is not None:
+        return kernel  # compiled in this process: already wrapped
+    return Convention(kernel, conv)
+
+
+class Convention:
+    """The compiled kernel's calling convention around a loaded, positional-only tvm-ffi kernel.
+
+    tvm-ffi's ``make_kwargs_wrapper`` generates code and executes it for each kernel, which cost
+    more than the rest of a hit; this one is built from the stored convention in microseconds.
+    A call that passes every positional argument, or leaves out trailing defaults (the b12x
+    GEMM's optional tensors), goes straight through; any other is bound to the compiled one's
+    signature, whose errors it raises.
+    """
+
+    __slots__ = ("_kernel", "_conv", "_n", "_first_default", "_defaults", "_kwonly", "_signature")
+
+    def __init__(self, kernel: Any, conv: dict[str, Any]) -> None:
+        self._kernel, self._conv = kernel, conv
+        defaults = tuple(conv["arg_defaults"])
+        self._n, self._defaults = len(conv["arg_names"]), defaults
+        self._first_default = self._n - len(defaults)
+        self._kwonly = tuple(conv["kwonly_names"])
+        self._signature: Any = None  # built on the first call that needs binding
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        import inspect
+
+        if self._signature is None:
+            P, first = inspect.Parameter, self._first_default
+            params = [P(n, P.POSITIONAL_OR_KEYWORD, default=self._defaults[i - first] if i >= first else P.empty)
+                      for i, n in enumerate(self._conv["arg_names"])]
+            params += [P(n, P.KEYWORD_ONLY, default=self._conv["kwonly_defaults"].get(n, P.empty)) for n in self._kwonly]
+            self._signature = inspect.Signature(params)
+        bound = self._signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return tuple(bound.arguments[p] for p in self._signature.parameters)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs and not self._kwonly:
+            n = len(args)
+            if n == self._n:
+                return self._kernel(*args)
+            if self._first_default <= n < self._n:
+                return self._kernel(*args, *self._defaults[n - self._first_default:])
+        return self._kernel(*self._bind(args, kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kernel, name)
+
+
+def packed_ptx(kernel: Any) -> bytes | None:
+    """The compiled kernel's PTX, zlib-compressed (None: none, or too large to keep)."""
+    try:
+        ptx = kernel.__ptx__
+        if isinstance(ptx, str) and os.path.isfile(ptx):
+            ptx = Path(ptx).read_text()
+    except Exception:  # no PTX after all: the entry is never served to a caller asking for it
+        return None
+    if not isinstance(ptx, str):
+        return None
+    packed = zlib.compress(ptx.encode(), 6)
+    if len(packed) > _MAX_PTX_BYTES:
+        log.warning("cute-diskcache: PTX of %d bytes not kept; this kernel compiles in every process", len(ptx))
+        return None
+    return packed
+
+
+class WithPtx:
+    """A loaded kernel that also answers ``__ptx__`` (the compiled one's), for callers that read it."""
+
+    def __init__(self, kernel: Any, ptx: str) -> None:
+        self._kernel = kernel
+        self.__ptx__ = ptx
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._kernel(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kernel, name)
+
+
+def with_ptx(kernel: Any, packed: Any, site: str) -> Any:
+    """A loaded kernel that answers ``__ptx__`` like the compiled one (a compiled one already does)."""
+    try:
+        have = kernel.__ptx__
+    except Exception:
+        have = None
+    if have:
+        return kernel  # compiled in this process
+    if not isinstance(packed, bytes):  # not reached: the key says "keep-ptx" and such entries hold it
+        log.error("cute-diskcache: %s entry holds no PTX for a caller that reads it", site)
+        return kernel
+    return WithPtx(kernel, zlib.decompress(packed).decode())
