@@ -27,10 +27,10 @@ walk misses fails the test instead of shrinking it.
 
 gpt-oss-120b has no plan on 0.7.4: that release's b12x NVFP4 MoE refuses hidden size 2880
 (not a multiple of 128), so there is nothing of flashinfer's to compare; the test pins that
-refusal so a release that lifts it brings the cell back. Cost on the 2-core box (measured on
-aec26c8 while it was shared, load 5): 8 min 34 s wall, 3 min 55 s of CPU; the 11 planning
-children about 60% of it (gpt-oss-120b on 0.6.15.post1 plans 8192 m values: ~22 s and ~6 GB
-per process alone), the ``slow`` test (14 kernels compiled on 0.6.15.post1, 11 on 0.7.4) the rest.
+refusal so a release that lifts it brings the cell back. Cost on the 2-core box (1e89ffc, load
+2.5): 3 min 06 s wall, 3 min 11 s of CPU: 11 planning children 90 s (gpt-oss-120b on
+0.6.15.post1 plans 8192 m values, ~6 GB per process), the ``slow`` test 95 s (14 kernels
+compiled then hit on 0.6.15.post1, 11 on 0.7.4). At load 5 the same file took 8 min 34 s.
 """
 
 from __future__ import annotations
