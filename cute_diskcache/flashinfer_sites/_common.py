@@ -152,7 +152,6 @@ class Site:
     deliver: Callable[[Any, dict[str, Any], Call], None] | None = None
     extra_ok: Callable[[dict[str, Any]], bool] | None = None
     site_name: str | None = None  # stored in the manifest; default flashinfer.<module>.<kind>
-    env_kind: str = "flashinfer-moe"  # the Environment's kind: the namespace's prefix (flashinfer-gemm, ...)
     #: What flashinfer gets: ``adapt(kernel, extra, call)`` (default: the kernel as the cache gave it).
     adapt: Callable[[Any, dict[str, Any], Call], Any] | None = None
 
@@ -166,12 +165,9 @@ PLAN: list[dict[str, Any]] | None = None
 
 
 class PlannedKernel:
-    """What a site gets while planning: a kernel that launches nothing, one per planned key.
-
-    One object per digest (not one shared stand-in), so what flashinfer memoises while planning
-    says which of our keys each of its own keys got: the key-completeness test reads flashinfer's
-    memo dicts back and checks no two of its kernels share one of ours.
-    """
+    """What a site gets while planning: a kernel that launches nothing, one per planned key, so
+    flashinfer's memo dicts say which of our keys each of its kernels got (the key-completeness
+    test reads them back: no two of its kernels may share one of ours)."""
 
     __slots__ = ("digest",)
 

@@ -1,30 +1,25 @@
 """Owns the one interception: ``cutlass.cute.compile``, and the key of every compile it serves.
 
-Every covered sm12x compile, on every release, goes through this hook. The DSL's
-``cutlass.cute.compile`` is replaced, once, as the DSL is imported, by a dispatcher that looks at
-the frames above it: the nearest function listed in :data:`.sites.ROWS` (within
-:data:`.sites.DEPTH` frames) makes the compile a site, which goes through the cache; any other
-compile reaches the real one after a few dict lookups. A compile with one of flashinfer's own
-disk caches between it and the site is flashinfer's (one kernel, one cache), unless
-:mod:`.native` serves that build. flashinfer then memoises what we return in its own dicts, so its
-in-process behaviour is unchanged and a repeat never reaches us.
+Every covered sm12x compile, on every release, goes through this hook, put in place once as the
+DSL is imported. It looks at the frames above a compile: the nearest function listed in
+:data:`.sites.ROWS` (within :data:`.sites.DEPTH` frames) makes the compile a site, which goes
+through the cache; any other compile reaches the real one after a few dict lookups. A frame of
+flashinfer's own disk caches in between leaves the compile to flashinfer (one kernel, one cache)
+unless :mod:`.native` serves that build. flashinfer memoises what we return in its own dicts, so
+a repeat never reaches us.
 
-Why one hook and not the site's own in-process key: a hand-written key is knowledge of what
-flashinfer's key leaves out, and a release that adds a compile argument the hand-written key does
-not name would make two kernels share an entry. The key here is everything the compile receives,
-as the DSL sees it (:class:`_Describer`): the kernel object's class and every attribute it holds,
-a ``cute.jit`` function's code (recursively), evaluated annotations, defaults and closure, each
-tensor's element type, layout, alignment and memory space, fake tensors' symbolic extents
-numbered by identity across the call, scalars and their DSL type (a value bound to a parameter
-the function declares as a dynamic DSL integer is a runtime argument: keyed by type, as the DSL
-compiles it), the stream's type, and the compile options. The source of the site's module, of
-the compile's module, of every flashinfer module the arguments come from, and of the whole kernel
-tree for code imported from a ``sys.path`` entry joins the fingerprint, with every environment
-variable that code reads. The device class (capability and SM count) is part of every key's
-environment and driver attributes the compile reads are recorded and checked
-(:mod:`..devicefacts`). An argument :class:`_Describer` cannot describe, a function from a module
-whose source no key fingerprints, or options asking for artifacts a loaded kernel cannot carry
-(CUBIN, dump directories) leave that compile in memory, with one warning.
+The key is everything the compile receives, as the DSL sees it (:class:`_Describer`), never a
+hand-written one (knowledge of what flashinfer's own key leaves out, which a release adding a
+compile argument would outgrow): the kernel object's class and every attribute; a ``cute.jit``
+function's code as written, evaluated annotations, defaults and closure; each tensor's element
+type, layout, alignment and memory space, symbolic extents numbered by identity across the call;
+pointers without their address; scalars and their DSL type (a value bound to a parameter declared
+as a DSL integer is a runtime argument: keyed by type); the stream's type; the compile options.
+The sources of the site's module, of the modules on the way and those the arguments come from
+(and the whole kernel tree for code imported from a ``sys.path`` entry) join the fingerprint,
+with every environment variable that code reads; device facts are checked (:mod:`..devicefacts`).
+What cannot be described, a function whose module no key fingerprints, or options asking for
+artifacts a loaded kernel cannot carry leave that compile in memory, with one warning.
 """
 
 from __future__ import annotations
@@ -142,12 +137,8 @@ class _Describer:
                 self(fn.__defaults__, depth + 1), self(fn.__kwdefaults__, depth + 1), tuple(cells))
 
     def _annotations(self, fn: types.FunctionType, depth: int) -> Any:
-        """Evaluated annotations (the DSL reads them: ``cutlass.Constexpr``, tensor types), in order.
-
-        String annotations (``from __future__ import annotations``) are evaluated as
-        ``inspect.get_annotations`` does; one that cannot be evaluated is keyed by its text.
-        A typing construct (``Constexpr[int]``) is keyed by its ``repr``, which names it fully.
-        """
+        """Evaluated annotations (the DSL reads them: ``Constexpr``, tensor types), in order; one that
+        cannot be evaluated or described (``Constexpr[int]``) is keyed by its text, which names it fully."""
         annotations = _evaluated_annotations(fn)
         out = []
         for name, value in annotations.items():
@@ -228,14 +219,10 @@ _FIRST_CODE: "weakref.WeakKeyDictionary[Any, types.CodeType]" = weakref.WeakKeyD
 
 
 def _original_code(fn: types.FunctionType) -> types.CodeType:
-    """A function's code as written, not as the DSL's preprocessor left it.
-
-    Compiling a ``cute.jit`` function replaces its ``__code__`` with the preprocessor's rewrite,
-    so the code of a function another compile of this process already used differs from that of
-    a fresh process (where hits compile nothing): keyed by ``__code__``, the second kernel of a
-    prewarm would never be hit by an engine. The DSL (4.8+) keeps the original as
-    ``_original_code``; before that, the code as this process first met it stands in.
-    """
+    """A function's code as written: compiling a ``cute.jit`` function leaves the preprocessor's
+    rewrite in ``__code__``, which an engine (whose hits compile nothing) never sees, so the second
+    kernel of a prewarm would never be hit. The DSL (4.8+) keeps the original as ``_original_code``;
+    before that, the code as this process first met it stands in."""
     code = fn.__dict__.get("_original_code")
     if isinstance(code, types.CodeType):
         return code
@@ -416,9 +403,8 @@ def _extra(kernel: Any, call: Call) -> dict[str, Any]:
 
 
 def _extra_ok(extra: dict[str, Any], row: Row) -> bool:
-    """A tvm-ffi kernel's entry needs its calling convention; a plain one's has none; PTX, when
-    stored, is bytes (a caller asking for PTX has it in its key's options, see :func:`_adapt`);
-    a direct micro kernel's entry holds its block-dim probe."""
+    """Side data from disk has the shape this writer stores (else the entry is a miss): a calling
+    convention for a tvm-ffi kernel only, PTX as bytes, a direct micro kernel's block-dim probe."""
     wrapped = extra.get("kwargs_wrapper")
     if not isinstance(wrapped, bool) or ("ptx_z" in extra and not isinstance(extra["ptx_z"], bytes)):
         return False
@@ -444,8 +430,7 @@ def _adapt(kernel: Any, extra: dict[str, Any], call: Call) -> Any:
 def site(row: Row) -> Site:
     """The :class:`~._common.Site` record :func:`~._common.through_cache` takes for a row."""
     return Site(row.file, row.function, row.kind, _key, _environment, options=_options, extra=_extra,
-                extra_ok=functools.partial(_extra_ok, row=row), deliver=_deliver, adapt=_adapt, site_name=row.name,
-                env_kind=row.namespace)
+                extra_ok=functools.partial(_extra_ok, row=row), deliver=_deliver, adapt=_adapt, site_name=row.name)
 
 
 # --------------------------------------------------------------------------------------------
