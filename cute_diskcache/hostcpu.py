@@ -53,13 +53,19 @@ def isa_extensions() -> tuple[str, ...]:
 
 def missing(recorded: list[str] | tuple[str, ...]) -> list[str]:
     """Extensions the build CPU had that this one lacks (empty if we cannot tell)."""
-    here = set(isa_extensions())
+    return list(_missing(tuple(recorded), isa_extensions()))
+
+
+@functools.lru_cache(maxsize=256)
+def _missing(recorded: tuple[str, ...], extensions: tuple[str, ...]) -> tuple[str, ...]:
+    """Asked on every hit, of a handful of distinct build CPUs: answered once for each."""
+    here = set(extensions)
     if not here:
-        return []
+        return ()
     if platform.machine().lower() in ("x86_64", "amd64", "i686"):
         # Entries written before the intrinsic-only filter list those extensions too.
-        recorded = [f for f in recorded if _codegen_relevant(f)]
-    return sorted(set(recorded) - here)
+        recorded = tuple(f for f in recorded if _codegen_relevant(f))
+    return tuple(sorted(set(recorded) - here))
 
 
 #: The extensions a build CPU may have without narrowing where its entries load: what common

@@ -46,8 +46,17 @@ def _tag(value: Any, depth: int = 0) -> Any:
     # every first request of a kernel in a process (the hit path). Subclasses take the checks below.
     kind = _EXACT.get(type(value))
     if kind is not None:
-        if kind == "t":
-            return ["t", [_tag(v, depth + 1) for v in value]]
+        if kind == "t":  # leaves inline: most of a site key is short tuples of strings and ints
+            out = []
+            for v in value:
+                leaf = _EXACT.get(type(v))
+                if leaf == "s" or leaf == "b" or (leaf == "i" and -(2**63) <= v < 2**64):
+                    out.append([leaf, v])
+                elif leaf == "n":
+                    out.append(["n"])
+                else:
+                    out.append(_tag(v, depth + 1))
+            return ["t", out]
         if kind == "i" and not -(2**63) <= value < 2**64:
             return ["I", str(value)]
         return [kind, value] if kind != "n" else ["n"]
@@ -466,7 +475,7 @@ class Environment:
     def digest(self) -> str:
         return hashlib.sha256(encode(self.as_dict())).hexdigest()
 
-    @property
+    @functools.cached_property
     def namespace(self) -> str:
         """Readable and unique: ``flashinfer-moe-0.6.15.post1-sm_120a-x86_64-<hash12>``."""
         version = self.package.split("==")[-1]

@@ -67,6 +67,7 @@ class Store:
         read_dirs: Sequence[Path] = (),
     ) -> None:
         self.root = Path(root)
+        self._entry_dirs: dict[str, Path] = {}
         self.readonly = readonly
         self.trust_shared = trust_shared
         self.trust_group = trust_group
@@ -102,7 +103,13 @@ class Store:
                    read_dirs=settings.read_dirs if layers else ())
 
     def entry_dir(self, key: CacheKey) -> Path:
-        return layout.entry_dir(self.root, key.env.namespace, key.digest)
+        # Asked three times on every hit; the path of one key under one root never changes.
+        found = self._entry_dirs.get(key.digest)
+        if found is None:
+            found = self._entry_dirs[key.digest] = layout.entry_dir(self.root, key.env.namespace, key.digest)
+            if len(self._entry_dirs) > 4096:
+                self._entry_dirs.clear()
+        return found
 
     @property
     def quarantine_dir(self) -> Path:

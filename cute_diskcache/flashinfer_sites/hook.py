@@ -373,7 +373,11 @@ def _environment(call: Call) -> Environment:
 
 @functools.lru_cache(maxsize=1024)
 def _environment_of(row: Row, modules: tuple[str, ...]) -> Environment:
-    facts = [_common.site_sources(m) for m in modules]
+    facts, reached = [], set()
+    for name in modules:  # a module another one already reaches is in that one's fingerprint
+        if name not in reached:
+            facts.append(_common.site_sources(name))
+            reached.update(item[0] for item in facts[-1].stamp)
     prints = [f.fingerprint for f in facts]
     reads = {name for f in facts for name in f.env_reads}
     if row.tree is not None:
