@@ -1,10 +1,9 @@
 """Owns the direct micro kernel's block-dim probe answer, stored beside the kernel as side data.
 
-``moe_dispatch`` (0.6.17+) probes every direct micro kernel it gets for the block size it can
-launch (``compiled_direct_micro_accepts_block_dim``), which a kernel loaded from disk cannot
-answer: flashinfer's probe then says no and turns the backend off. So the answer is computed when
-the kernel is compiled, stored beside it, handed back with it on a hit, and the probe, hooked in
-``moe_dispatch``, reads it. Offline (a target profile, no driver) the answer comes from the cubin.
+``moe_dispatch`` (0.6.17+) probes each direct micro kernel for the block size it can launch,
+which a kernel loaded from disk cannot answer (the backend would turn off). So the answer is
+stored beside the kernel and the probe, hooked in ``moe_dispatch``, reads it; offline it comes
+from the cubin.
 """
 
 from __future__ import annotations

@@ -1,25 +1,20 @@
 """Owns the one exception to the hook: sites flashinfer builds through its own disk cache.
 
-From 0.6.18 flashinfer persists some sm12x kernels itself through
-``jit.cute_dsl_core.build_and_load_cute_dsl_kernel(module, name, compile_fn, ...)``
-(moe_dispatch's static, micro and dynamic kernels, the SM12x CuTe FP4 GEMM runner, the SM120 FP8
-FMHA: the :data:`.sites.ROWS` marked ``native``). That builder reads flashinfer's disk cache
-*before* anything compiles, and keys it with a fingerprint of torch's build: a cache prewarmed with
-a CPU torch misses on the GPU box (and the mismatch wipes the module directory). A hook on
-``cute.compile`` alone would come too late (flashinfer's cache answers first) and, on a miss,
-leave the kernel in two caches. So this module stands in front of the builder for those callers:
+From 0.6.18 flashinfer persists some sm12x kernels itself through ``jit.cute_dsl_core.
+build_and_load_cute_dsl_kernel(module, name, compile_fn, ...)`` (the :data:`.sites.ROWS` marked
+``native``). That builder reads flashinfer's disk cache *before* anything compiles, keyed with a
+fingerprint of torch's build (a cache prewarmed with a CPU torch misses on the GPU box, and the
+mismatch wipes the module directory), so a hook on ``cute.compile`` alone would come too late and
+leave a kernel in two caches. For those callers this module stands in front of the builder:
 
 * ``CUTE_DISKCACHE_NATIVE_SITES=cute-diskcache`` (default): the builder is skipped and
-  ``compile_fn`` runs, its ``cute.compile`` going through :mod:`.hook` like every other site's,
-  keyed the same way (without torch). A compile the hook cannot key is handed back
-  (:class:`~.hook.HandBack`) to flashinfer's builder, which then builds it as if we were not there.
+  ``compile_fn`` runs, its ``cute.compile`` keyed by the hook like every site's (without torch).
+  A compile the hook cannot key is handed back (:class:`~.hook.HandBack`) to flashinfer's builder.
 * ``=flashinfer``: flashinfer's builder builds it; while planning we only record which kernel it
-  would build (computed as flashinfer's cache does), otherwise whether it hit (:data:`EVENTS`).
+  would build (as flashinfer's cache computes it), otherwise whether it hit (:data:`EVENTS`).
 
-Either way one kernel never has two caches. The builder is replaced where callers find it: the
-module attribute (callers import it inside the function, at call time) and moe_dispatch's global
-(imported by name). Every other caller (norm, attention, GEMM kernels for other archs) reaches
-flashinfer's builder as before.
+The builder is replaced where callers find it: the module attribute (imported at call time) and
+moe_dispatch's global (imported by name); every other caller reaches flashinfer's as before.
 """
 
 from __future__ import annotations

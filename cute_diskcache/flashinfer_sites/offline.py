@@ -1,20 +1,13 @@
 """Owns the stand-ins for a card that is not in the machine (a target profile): what flashinfer asks.
 
-With a target profile active, flashinfer's device queries are answered from the profile, so an
-offline compile takes the decisions the card would (:func:`apply_profile`, called for every site
-module as it is imported):
-
-* max active clusters (flashinfer's ``get_max_active_clusters`` launches an occupancy query the
-  box cannot answer; flashinfer would warn and fall back to the SM count);
-* the DSL's own driver attribute queries (:mod:`..devicefacts`, which the DSL bakes into the IR);
-* what the GEMM API asks of the device (:mod:`.gemm_offline`);
-* 0.6.18+: moe_dispatch's ``_is_sm120_nvfp4`` asks whether the *tensors* live on an SM120 card
-  (on CPU tensors it says no and picks other cutovers than the card), and the direct micro
-  block-dim probe asks the driver (:mod:`.block_dim`);
-* sites that build the compile-time description of their arguments from real tensors
-  (``from_dlpack``): a CPU tensor there compiles a *different* kernel (generic instead of global
-  memory), so for an offline compile only their ``from_dlpack`` sees CPU tensors presented as
-  CUDA ones (:class:`CudaPresented`).
+With a profile active, flashinfer's device queries are answered from it, so an offline compile
+takes the decisions the card would (:func:`apply_profile`, for every site module as it is
+imported): max active clusters (an occupancy query the box cannot answer), the DSL's driver
+attribute queries (:mod:`..devicefacts`), what the GEMM API asks (:mod:`.gemm_offline`), from
+0.6.18 moe_dispatch's ``_is_sm120_nvfp4`` (asked of the *tensors*) and the direct micro block-dim
+probe (:mod:`.block_dim`); and sites that describe their arguments from real tensors
+(``from_dlpack``, where a CPU tensor compiles for generic instead of global memory) see CPU
+tensors presented as CUDA ones (:class:`CudaPresented`).
 """
 
 from __future__ import annotations
