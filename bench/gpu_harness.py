@@ -39,6 +39,18 @@ def emit(res: dict[str, Any]) -> None:
     print(RESULT_PREFIX + json.dumps(res, default=str), flush=True)
 
 
+def emit_with_cache(res: dict[str, Any], dsl_compiles: int) -> None:
+    """:func:`emit` a child's result with what the cache did: the DSL's compile count, our counters
+    and each event (site, outcome, seconds)."""
+    import cute_diskcache
+    from cute_diskcache.cache import default_cache
+
+    res["dsl_compiles"] = dsl_compiles
+    res["counters"] = cute_diskcache.counters()
+    res["events"] = [(e[0], e[2], round(e[3], 4)) for e in default_cache().events]
+    emit(res)
+
+
 def spawn(script: str, argv: list[str], *, env: dict[str, str] | None = None, timeout: float | None = None,
           stderr_tail: int = 1500) -> dict[str, Any]:
     """Run ``script argv`` in a fresh interpreter; its report, with ``wall_s`` and the tail of its

@@ -135,12 +135,7 @@ def child(site: str) -> None:
         res["call_s"] = round(time.perf_counter() - t0, 4)
     except Exception as exc:
         res["error"] = f"{type(exc).__name__}: {str(exc)[:1500]}"
-    from cute_diskcache.cache import default_cache
-
-    res["dsl_compiles"] = compiles[0]
-    res["counters"] = cute_diskcache.counters()
-    res["events"] = [(e[0], e[2], round(e[3], 4)) for e in default_cache().events]
-    H.emit(res)
+    H.emit_with_cache(res, compiles[0])
 
 
 def main() -> int:

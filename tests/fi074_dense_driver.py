@@ -262,6 +262,25 @@ SITES: dict[str, Callable[[argparse.Namespace], Any]] = {
 }
 
 
+def drive_sites(drivers: dict[str, Callable[[Any], Any]], args: Any) -> dict[str, Any]:
+    """Import flashinfer (its one-off torch._dynamo import outside the timings), then run each site
+    named in ``args.sites``: seconds and the error its launch raised (without a GPU: expected)."""
+    import flashinfer  # noqa: F401
+    from flashinfer.cute_dsl.utils import current_cuda_stream
+
+    current_cuda_stream()
+    sites: dict[str, Any] = {}
+    for name in args.sites:
+        t = time.perf_counter()
+        try:
+            drivers[name](args)
+            error = None
+        except Exception as exc:  # the launch without a GPU: expected, recorded
+            error = f"{type(exc).__name__}: {str(exc)[:4000]}"
+        sites[name] = {"seconds": time.perf_counter() - t, "error": error}
+    return sites
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", default="rtx-pro-6000")
@@ -277,22 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     import cute_diskcache
 
     cute_diskcache.install(target=args.target)
-    import flashinfer  # noqa: F401
-    from flashinfer.cute_dsl.utils import current_cuda_stream
-
-    current_cuda_stream()  # flashinfer's one-off torch._dynamo import, outside the timings
-
     from cute_diskcache.cache import default_cache
 
-    sites: dict[str, Any] = {}
-    for name in args.sites:
-        t = time.perf_counter()
-        try:
-            SITES[name](args)
-            error = None
-        except Exception as exc:  # the launch without a GPU: expected, recorded
-            error = f"{type(exc).__name__}: {str(exc)[:4000]}"
-        sites[name] = {"seconds": time.perf_counter() - t, "error": error}
+    sites = drive_sites(SITES, args)
     served = engine(args.engine, [int(v) for v in args.ms.split(",")], args.max_num_tokens) if args.engine else None
     print(json.dumps({"sites": sites, "engine": served, "events": default_cache().events,
                       "counters": cute_diskcache.counters()}), flush=True)

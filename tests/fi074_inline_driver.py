@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import json
 import sys
-import time
 from typing import Any, Callable
 
 
@@ -127,22 +126,10 @@ def main(argv: list[str] | None = None) -> int:
 
     cute_diskcache.install(target=args.target)
     _cpu_torch_stand_ins()
-    import flashinfer  # noqa: F401
-    from flashinfer.cute_dsl.utils import current_cuda_stream
-
-    current_cuda_stream()  # flashinfer's one-off torch._dynamo import, outside the timings
-
     from cute_diskcache.cache import default_cache
+    from fi074_dense_driver import drive_sites  # this script's directory is first on sys.path
 
-    sites: dict[str, Any] = {}
-    for name in args.sites:
-        t = time.perf_counter()
-        try:
-            SITES[name](args)
-            error = None
-        except Exception as exc:  # the launch without a GPU, where there is one: recorded
-            error = f"{type(exc).__name__}: {str(exc)[:4000]}"
-        sites[name] = {"seconds": time.perf_counter() - t, "error": error}
+    sites = drive_sites(SITES, args)
     print(json.dumps({"sites": sites, "events": default_cache().events, "counters": cute_diskcache.counters()}),
           flush=True)
     return 0

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_flashinfer_074 import FI074, OPT_OUT, TARGET, Child, _json_report, _manifests, _native_objects, _run, fi074  # noqa: E402,F401
+from test_flashinfer_074 import FI074, OPT_OUT, TARGET, Child, _by_site as by_site, _json_report, _manifests, _native_objects, _run, fi074  # noqa: E402,F401
 
 pytestmark = [
     pytest.mark.skipif(FI074 == "off", reason="CUTE_DISKCACHE_FI074_PYTHON=off: flashinfer 0.7.4 tests skipped"),
@@ -53,13 +53,6 @@ INLINE = ("msa_decode", "msa_proxy", "msa_proxy_fp4", "msa_prefill")  # compiled
 def drive(child: Child, *sites: str, args: tuple[str, ...] = ()) -> dict[str, Any]:
     cmd = [str(FI074), str(DRIVER), "--target", TARGET, *args, *sites]
     return _json_report(_run(cmd, child.env(), child.hook_dir))
-
-
-def by_site(report: dict[str, Any]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for site, _digest, outcome, *_ in report["events"]:
-        out.setdefault(site, []).append(outcome)
-    return out
 
 
 @pytest.fixture(scope="module")

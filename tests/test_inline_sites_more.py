@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_flashinfer_074 import FI074, TARGET, Child, _json_report, _manifests, _run, fi074  # noqa: E402,F401
+from test_flashinfer_074 import FI074, TARGET, Child, _by_site as outcomes, _json_report, _manifests, _run, fi074  # noqa: E402,F401
 
 pytestmark = [
     pytest.mark.skipif(FI074 == "off", reason="CUTE_DISKCACHE_FI074_PYTHON=off: flashinfer 0.7.4 tests skipped"),
@@ -35,13 +35,6 @@ SITES = {"bsa_fwd": "flashinfer.bsa.bsa_fwd", "bsa_sage_fwd": "flashinfer.bsa.bs
 
 def drive(child: Child, *sites: str) -> dict[str, Any]:
     return _json_report(_run([str(FI074), str(DRIVER), "--target", TARGET, *sites], child.env(), child.hook_dir))
-
-
-def outcomes(report: dict[str, Any]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for site, _digest, outcome, *_ in report["events"]:
-        out.setdefault(site, []).append(outcome)
-    return out
 
 
 @pytest.fixture(scope="module")

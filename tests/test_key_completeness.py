@@ -38,19 +38,20 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_flashinfer_074 import _run  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 DRIVER = Path(__file__).resolve().parent / "key_completeness_driver.py"
 #: The flashinfer 0.7.4 interpreter, found as test_flashinfer_074 finds it (its fixture builds it).
 FI074: str = os.environ.get("CUTE_DISKCACHE_FI074_PYTHON") or str(REPO / ".venv-fi074" / "bin" / "python")
 MAX_TOKENS = 8192  # the README's prewarm command
-TIMEOUT_S = 600
 _DROPPED_ENV = re.compile(r"^(CUTE_DISKCACHE_.*|FLASHINFER_B12X_DISK_CACHE|CUTE_DSL_ARCH|FLASHINFER_CUTE_DSL_DISABLE_CACHE)$")
 _COUNT_LINE = re.compile(r"^cdc-test real compiles: (\d+)$", re.M)
 
@@ -88,12 +89,6 @@ def _env(root: Path, hook_dir: Path) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook_dir), str(REPO), env.get("PYTHONPATH", "")) if p)
     return env
 
-
-def _run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=cwd)
-    if proc.returncode != 0:
-        pytest.fail(f"exited {proc.returncode}: {' '.join(cmd)}\n--- stderr ---\n{proc.stderr[-6000:]}")
-    return proc
 
 
 def _driver(stack: str, tmp: Path, hook_dir: Path, *args: str) -> dict[str, Any]:
