@@ -90,7 +90,8 @@ def test_engine_miss_under_error_raises_and_compiles_nothing(tmp_path: Path, pro
     report = probe(root, 1, extra_env={"CUTE_DISKCACHE_ON_MISS": "error"})
     digest = warm_micro_root.cold["events"][0][1]  # the kernel the same call compiled in the session's cold probe
     expected = (f"CUTE_DISKCACHE_ON_MISS=error: not compiling {SITE} kernel {digest[:12]}: no entry for this kernel; "
-                "key ('micro', 128, 128, 1, 2048, 768, 8, ")
+                "key ('compile', 'fused_moe/cute_dsl/blackwell_sm12x/moe_dispatch.py:_get_micro_kernel', '_get_micro_kernel', "
+                "('args', (('object', 'flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_micro_kernel.MoEMicr")
     (record,) = report["records"]
     assert record["launch_error"].startswith(f"CacheMissError: {expected}"), record["launch_error"]
     assert f"[cute-diskcache] ERROR {expected}" in "\n".join(report["cache_log"]), report["cache_log"]
