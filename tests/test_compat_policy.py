@@ -31,6 +31,7 @@ from cute_diskcache.flashinfer_sites._common import Call
 from cute_diskcache.flashinfer_sites.names import table_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _compat, whatever pytest's import mode
+from test_flashinfer_074 import fi074  # noqa: E402,F401  (builds the 0.7.4 venv on a fresh checkout)
 from _compat import matrix  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,13 +49,12 @@ def installed() -> Path:
 
 
 @pytest.fixture(scope="module")
-def fi074_package() -> Path:
-    """flashinfer 0.7.4's package directory in its venv (found, not imported: the scan reads source)."""
-    if not FI074.exists():
-        pytest.skip(f"no flashinfer 0.7.4 venv at {FI074} (scripts/make_fi074_venv.sh)")
+def fi074_package(fi074: str) -> Path:  # noqa: F811
+    """flashinfer 0.7.4's package directory in its venv (built by test_flashinfer_074's fixture on a
+    fresh checkout; found, not imported: the scan reads source)."""
     code = ("import importlib.util as u, importlib.metadata as m; "
             "print(m.version('flashinfer-python')); print(u.find_spec('flashinfer').submodule_search_locations[0])")
-    out = subprocess.run([str(FI074), "-c", code], capture_output=True, text=True, timeout=120, check=True, cwd="/")
+    out = subprocess.run([fi074, "-c", code], capture_output=True, text=True, timeout=120, check=True, cwd="/")
     version, package = out.stdout.split()
     assert version == "0.7.4", f"{FI074} has flashinfer {version}"
     return Path(package)

@@ -35,6 +35,7 @@ from typing import Any, Callable, NamedTuple
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_flashinfer_074 import fi074  # noqa: E402,F401  (builds the 0.7.4 venv on a fresh checkout)
 from _helpers import make_artifact  # noqa: E402
 
 from cute_diskcache import cache as cache_module  # noqa: E402
@@ -353,12 +354,11 @@ def test_the_b12x_scale_extents_are_keyed_by_type_and_a_constexpr_by_value(packa
     assert described[2:5] == (("dynamic", "int"),) * 3 and described[5:7] == (1, 188), described
 
 
-@pytest.mark.skipif(not Path(os.environ.get("CUTE_DISKCACHE_FI074_PYTHON") or REPO / ".venv-fi074" / "bin" / "python").exists(),
-                    reason="no flashinfer 0.7.4 interpreter")
-def test_flashinfer_074s_b12x_wrapper_declares_its_scale_extents_dynamic() -> None:
+@pytest.mark.slow
+def test_flashinfer_074s_b12x_wrapper_declares_its_scale_extents_dynamic(fi074: str) -> None:  # noqa: F811
     """The stand-in above mirrors the real kernel: flashinfer 0.7.4's b12x GEMM wrapper, read as
     the hook reads it (positions after the kernel's bound method)."""
-    python = os.environ.get("CUTE_DISKCACHE_FI074_PYTHON") or str(REPO / ".venv-fi074" / "bin" / "python")
+    python = fi074
     code = textwrap.dedent("""
         import inspect
         from flashinfer.gemm.kernels import dense_blockscaled_gemm_sm120_b12x as m

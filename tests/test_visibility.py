@@ -101,7 +101,7 @@ def test_cold_start_says_attach_why_it_compiled_and_a_summary(warm_micro_root: A
     attach, warning, summary = cold["cache_log"]
     assert attach == _attach_line(warm_micro_root.root, "0 entries")
     assert warning.startswith(f"[cute-diskcache] WARNING compiling {SITE} kernel {digest[:12]}: no entry for this kernel; "
-                              "key ('micro', 128, 128, 1, 2048, 768, 8, "), warning
+                              "key ('compile', 'fused_moe/cute_dsl/blackwell_sm12x/moe_dispatch.py:_get_micro_kernel', '_get_micro_kernel', "), warning
     assert re.fullmatch(rf"\[cute-diskcache\] INFO this process: 1 miss, 1 compiled in \d+\.\d s; cache {re.escape(str(warm_micro_root.root))}",
                         summary), summary
     assert cold["stderr"] == "" and cold["real_compiles"] == 1
