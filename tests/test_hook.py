@@ -39,6 +39,7 @@ from test_flashinfer_074 import fi074  # noqa: E402,F401  (builds the 0.7.4 venv
 from _helpers import make_artifact  # noqa: E402
 
 from cute_diskcache import cache as cache_module  # noqa: E402
+from cute_diskcache import describe  # noqa: E402
 from cute_diskcache.cache import CompileCache  # noqa: E402
 from cute_diskcache.flashinfer_sites import _common, hook, native, sites  # noqa: E402
 from cute_diskcache.flashinfer_sites.sites import Row  # noqa: E402
@@ -166,7 +167,7 @@ def test_only_a_rows_compiles_go_through_the_cache_and_the_subscript_is_keyed(pa
     assert digests[0] == digests[1] and len(set(digests)) == 4  # same call: same key; n, subscript: others
     assert plan[0]["key"].options == ("'--x'", "None")
     assert plan[3]["key"].options == ("'--x'", f"({__name__}._Opt:[('_value', '3')])")
-    assert {"kernels/site.py:site", "site"} <= set(plan[0]["key"].site_key)  # the site and where it compiled
+    assert {"kernels/site.py:site", "site"} <= set(plan[0]["key"].site_key.tree)  # the site and where it compiled
     assert plan[0]["key"].env.kind == "flashinfer-hooktest"
     assert package.real.calls == [(None, (3,), {})]  # only other() reached the real compile
 
@@ -299,7 +300,7 @@ def test_the_shared_gemm_helper_is_a_site_for_the_b12x_runner_only(package: Pack
         assert base._cute_dsl_gemm_fp4_runner().forward(("sm100", 128)) == "compiled in memory"
         assert base._cute_dsl_gemm_mxfp8_sm107_runner().forward(("sm107", 128)) == "compiled in memory"
     assert [p["site"] for p in plan] == [b12x.name] == ["flashinfer.gemm.b12x_fp4"]
-    assert "_make_blockscaled_gemm_compile_fn.<locals>.compile_kernel" in plan[0]["key"].site_key
+    assert "_make_blockscaled_gemm_compile_fn.<locals>.compile_kernel" in plan[0]["key"].site_key.tree
     assert [call[1] for call in package.real.calls] == [(("sm100", 128),), (("sm107", 128),)]
 
 
@@ -350,7 +351,7 @@ def test_the_b12x_scale_extents_are_keyed_by_type_and_a_constexpr_by_value(packa
     digests = [p["digest"] for p in plan]
     assert digests[0] == digests[1]
     assert len(set(digests)) == 5, digests
-    (described,) = [part[1] for part in plan[0]["key"].site_key if isinstance(part, tuple) and part[:1] == ("args",)]
+    (described,) = [part[1] for part in plan[0]["key"].site_key.tree if isinstance(part, tuple) and part[:1] == ("args",)]
     assert described[2:5] == (("dynamic", "int"),) * 3 and described[5:7] == (1, 188), described
 
 
@@ -408,10 +409,10 @@ def test_arg_signature_drops_addresses_and_refuses_the_unknown() -> None:
         def __str__(self) -> str:
             return f"Tensor<0x{self.address:x}@gmem o (4,8):(8,1)>"
 
-    assert _common.arg_signature(Tensorish(0x1000)) == _common.arg_signature(Tensorish(0x2000))
-    assert _common.arg_signature(Stream())[0] == "stream"
+    assert describe.arg_signature(Tensorish(0x1000)) == describe.arg_signature(Tensorish(0x2000))
+    assert describe.arg_signature(Stream())[0] == "stream"
     with pytest.raises(UnkeyableError):
-        _common.arg_signature(object())
+        describe.arg_signature(object())
     with pytest.raises(UnkeyableError):
         _common.options_text(object())  # its repr is an address
 
@@ -522,6 +523,43 @@ def test_side_data_of_another_shape_is_a_miss_never_an_exception(tmp_path: Path,
 
     boom = _common.Site("json", "other", "x", lambda call: ("k", 2), lambda call: env, deliver=lambda *a: {}["missing"])
     assert _common.through_cache(boom, call, lambda: compiled, cache_fn=lambda: cache) is compiled
+
+
+def test_the_collector_is_paused_on_the_way_to_a_hit_and_runs_during_a_compile() -> None:
+    """A hit (key, lookup, load, side data) runs with the collector paused, so a collection that
+    comes due while the key's few hundred tuples are alive does not land in it; a compile runs
+    with it (seconds of allocation). The old code paused it for the key only, and a collection
+    then walked the key during the lookup. A caller that paused it keeps it paused."""
+    import gc
+
+    seen: list[tuple[str, bool]] = []
+    env = Environment(kind="k", package="p==0", sources="s", arch="sm_120a")
+
+    class Cache:
+        def get_or_compile(self, key: Any, compile_fn: Callable[[], Any], **_: Any) -> tuple[Any, dict[str, Any]]:
+            seen.append(("lookup", gc.isenabled()))
+            return compile_fn(), {}
+
+    def key(call: Any) -> Any:
+        seen.append(("key", gc.isenabled()))
+        return ("k", 1)
+
+    def compile_fn() -> object:
+        seen.append(("compile", gc.isenabled()))
+        return object()
+
+    site = _common.Site("x", "f", "x", key, lambda call: env)
+    call = _common.Call({}, (), {})
+    assert gc.isenabled()
+    _common.through_cache(site, call, compile_fn, cache_fn=Cache)
+    assert seen == [("key", False), ("lookup", False), ("compile", True)] and gc.isenabled()
+    seen.clear()
+    gc.disable()
+    try:
+        _common.through_cache(site, call, compile_fn, cache_fn=Cache)
+        assert seen == [("key", False), ("lookup", False), ("compile", False)] and not gc.isenabled()
+    finally:
+        gc.enable()
 
 
 # --------------------------------------------------------------------------------------------

@@ -163,7 +163,7 @@ def test_a_kernel_objects_whole_state_is_in_the_key(kernels: types.ModuleType) -
     # CUDA stream, keyed by its type alone: every head dim and layout shared one entry.
     S = kernels.MsaProxyScoreDecodeStreamSm12x
     assert hook.describe(S(128, True, cutlass.Float16)) != hook.describe(S(64, True, cutlass.Float16))
-    d = hook._Describer()
+    d = hook.describer()
     d(K(128, True, cutlass.Float16))
     assert "flashinfer._cdc_test_kernels" in d.modules  # its module joins the source fingerprint
 

@@ -251,6 +251,58 @@ def test_unsupported_objects_raise_unkeyable(value: Any) -> None:
         encode(value)
 
 
+# --------------------------------------------------------------------------------------------
+# Plain: the hook's key tree, written by marshal in one C call (issue 22, the hit path)
+# --------------------------------------------------------------------------------------------
+
+#: Pairs Python calls equal (or that print alike) which must never share a key.
+_PLAIN_PAIRS = [
+    (True, 1), (False, 0), (1, 1.0), (0.0, -0.0), ("a", b"a"), ((), None), ((1,), [1]),
+    (("a", ("b",)), (("a", "b"),)), (2**70, str(2**70)), (2**70, 2**70 + 1), ("1", 1), ((None,), (None, None)),
+]
+
+
+@pytest.mark.parametrize(("a", "b"), _PLAIN_PAIRS, ids=[f"{a!r}-vs-{b!r}" for a, b in _PLAIN_PAIRS])
+def test_plain_keeps_apart_what_compares_equal(a: Any, b: Any) -> None:
+    assert keymod.Plain(("k", a)).data != keymod.Plain(("k", b)).data
+
+
+def test_plain_bytes_do_not_depend_on_sharing_or_interning() -> None:
+    """marshal format 2 writes no back-references: a tree holding one string twice, or an interned
+    string, gives the bytes of the same tree built from copies (format 3 and later would not, and
+    one kernel would get a different key from every code path that built its key)."""
+    shared = "".join(["tile", "_shape"])
+    copy = "".join(["tile_", "shape"])
+    assert shared is not copy
+    once = keymod.Plain((shared, (shared, 128)))
+    twice = keymod.Plain((copy, ("".join(["ti", "le_shape"]), 128)))
+    interned = keymod.Plain((sys.intern("tile_shape"), (sys.intern("tile_shape"), 128)))
+    assert once.data == twice.data == interned.data
+
+
+@pytest.mark.parametrize("value", [enum.IntEnum("E", "A").A, type("S", (str,), {})("x"), type("I", (int,), {})(3)],
+                         ids=["int-enum", "str-subclass", "int-subclass"])
+def test_plain_refuses_every_type_but_the_exact_built_ins(value: Any) -> None:
+    """A subclass of ``int`` or ``str`` would be written as its base by a lossy encoder: refused."""
+    with pytest.raises(UnkeyableError):
+        keymod.Plain(("k", value))
+
+
+def test_plain_bytes_are_the_same_in_another_process() -> None:
+    code = "from cute_diskcache.key import Plain; print(Plain(('compile', ('a', -0.0, 2**70, True, None, b'x'))).data.hex())"
+    outputs = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed},
+                              capture_output=True, text=True, check=True).stdout.strip() for seed in ("1", "2")}
+    assert outputs == {keymod.Plain(("compile", ("a", -0.0, 2**70, True, None, b"x"))).data.hex()}
+
+
+def test_a_plain_key_never_shares_bytes_with_the_tagged_tree() -> None:
+    tree = ("compile", "f.py:site", ("args", (1, "x")))
+    plain = CacheKey(make_env(), "site", keymod.Plain(tree), OPTIONS)
+    tagged = CacheKey(make_env(), "site", tree, OPTIONS)
+    assert plain.digest != tagged.digest
+    assert repr(plain.site_key) == repr(tree) and keymod.Plain(tree) == keymod.Plain(tree)
+
+
 def test_unkeyable_is_a_type_error() -> None:
     """cached_compile documents TypeError for unsupported key elements."""
     assert issubclass(UnkeyableError, TypeError)

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import functools
 import gc
 import logging
-import re
 import sys
 from typing import Any, Callable, Iterable, Iterator
 
 from ..cache import CompileCache, default_cache
+from ..describe import ADDRESS as _ADDRESS
 from ..key import CacheKey, Environment, SourceFacts, UnkeyableError, source_facts
 
 log = logging.getLogger("cute_diskcache")
@@ -45,47 +44,6 @@ def flashinfer_version() -> str:
     except importlib.metadata.PackageNotFoundError:
         mod = sys.modules.get("flashinfer")
         return str(getattr(mod, "__version__", "0+unknown"))
-
-
-_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
-
-
-def arg_signature(arg: Any) -> Any:
-    """What the compiler sees of one ``cute.compile`` argument, with no address in it.
-
-    Sites that compile against real tensors (``from_dlpack``) specialise on each tensor's
-    element type, layout (static extents, dynamic marks, divisibility), alignment and memory
-    space; the DSL's own text of a tensor shows all but the element type and alignment, which
-    are added. Streams only matter by type. An argument we cannot describe is refused
-    (:class:`UnkeyableError`): that compile runs uncached.
-    """
-    if arg is None or isinstance(arg, (bool, int, float, str, bytes, enum.Enum)):
-        return arg
-    cls = type(arg)
-    name = f"{cls.__module__}.{cls.__qualname__}"
-    # Class attributes only: a runtime tensor's ``layout`` property raises NotImplementedError.
-    if hasattr(cls, "element_type") and hasattr(cls, "mark_layout_dynamic"):
-        return (
-            "tensor",
-            name,
-            _ADDRESS.sub("0x", str(arg)),
-            arg.element_type,
-            getattr(arg, "_assumed_align", None),
-            str(getattr(arg, "memspace", None)),
-            getattr(arg, "_use_32bit_stride", None),
-        )
-    if cls.__name__ == "_Pointer" and cls.__module__.startswith("cutlass"):  # make_ptr(dtype, address, space, align)
-        # The address is a runtime argument; the element type, space and assumed alignment are compiled in.
-        dtype = getattr(arg, "_dtype", None)
-        if not isinstance(dtype, type) or not hasattr(arg, "_addr_space") or not isinstance(getattr(arg, "_assumed_align", None), int):
-            raise UnkeyableError(f"pointer argument {name} without the element type, space and alignment we key")
-        return ("pointer", name, f"{dtype.__module__}.{dtype.__qualname__}", str(arg._addr_space), arg._assumed_align)
-    if "stream" in cls.__qualname__.lower():
-        return ("stream", name)
-    value = getattr(arg, "value", None)
-    if cls.__module__.startswith("cutlass") and isinstance(value, (bool, int, float)):
-        return ("numeric", name, value)
-    raise UnkeyableError(f"no signature for compile argument of type {name}")
 
 
 def options_text(options: Any) -> str:
@@ -220,18 +178,10 @@ def planned_requests(requested: list[dict[str, Any]], calls: Iterable[tuple[Any,
 
 
 def _key_of(site: Site, call: Call) -> CacheKey:
-    """The key, with the collector paused: a collection that caught the few thousand containers of a
-    half-built key promoted them and brought a full collection (~240 ms) into a first hit."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        site_key = site.key(call)  # first: describing the arguments names the modules env() fingerprints
-        key = CacheKey(site.env(call), site.name, site_key, site.options(call))
-        key.digest  # noqa: B018 - encode now, so an unkeyable element is caught here
-        return key
-    finally:
-        if collecting:
-            gc.enable()
+    site_key = site.key(call)  # first: describing the arguments names the modules env() fingerprints
+    key = CacheKey(site.env(call), site.name, site_key, site.options(call))
+    key.digest  # noqa: B018 - encode now, so an unkeyable element is caught here
+    return key
 
 
 def through_cache(site: Site, call: Call, compile_fn: Callable[[], Any],
@@ -241,8 +191,35 @@ def through_cache(site: Site, call: Call, compile_fn: Callable[[], Any],
 
     ``uncached`` is what runs when the compile cannot be keyed (default: ``compile_fn``, an
     in-memory compile); flashinfer's native sites hand back to flashinfer's own cache instead.
+
+    The collector is paused for the way to a hit and resumed for any compile: a key is a few
+    hundred tuples, alive until the kernel is returned, and a collection that came due while they
+    lived had them to walk and promote; a full one (~1-240 ms, with an engine's heap) landed in
+    hits. They are freed before the collector resumes, so it finds the count where the call found it.
     """
     uncached = uncached or compile_fn
+    if not gc.isenabled():
+        return _through_cache(site, call, compile_fn, cache_fn, uncached)
+    gc.disable()
+    try:
+        return _through_cache(site, call, _collecting(compile_fn), cache_fn, _collecting(uncached))
+    finally:
+        gc.enable()
+
+
+def _collecting(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` with the collector running: a compile allocates for seconds."""
+    def run() -> Any:
+        gc.enable()
+        try:
+            return fn()
+        finally:
+            gc.disable()
+    return run
+
+
+def _through_cache(site: Site, call: Call, compile_fn: Callable[[], Any], cache_fn: Callable[[], CompileCache],
+                   uncached: Callable[[], Any]) -> Any:
     try:
         key = _key_of(site, call)
         cache = cache_fn()

@@ -8,25 +8,20 @@ flashinfer's own disk caches in between leaves the compile to flashinfer (one ke
 unless :mod:`.native` serves that build. flashinfer memoises what we return in its own dicts, so
 a repeat never reaches us.
 
-The key is everything the compile receives, as the DSL sees it (:class:`_Describer`), never a
-hand-written one (knowledge of what flashinfer's own key leaves out, which a release adding a
-compile argument would outgrow): the kernel object's class and every attribute; a ``cute.jit``
-function's code as written, evaluated annotations, defaults and closure; each tensor's element
-type, layout, alignment and memory space, symbolic extents numbered by identity across the call;
-pointers without their address; scalars and their DSL type (a value bound to a parameter declared
-as a DSL integer is a runtime argument: keyed by type); the stream's type; the compile options.
-The sources of the site's module, of the modules on the way and those the arguments come from
-(and the whole kernel tree for code imported from a ``sys.path`` entry) join the fingerprint,
-with every environment variable that code reads; device facts are checked (:mod:`..devicefacts`).
-What cannot be described, a function whose module no key fingerprints, or options asking for
-artifacts a loaded kernel cannot carry leave that compile in memory, with one warning.
+The key is everything the compile receives (:class:`~cute_diskcache.describe.Describer`, with
+flashinfer's modules as the fingerprinted ones), never a hand-written one (knowledge of what
+flashinfer's own key leaves out, which a release adding a compile argument would outgrow); a value
+bound to a parameter declared as a DSL integer is a runtime argument, keyed by type. The sources of
+the site's module, of the modules on the way and those the arguments come from (and the whole
+kernel tree for code imported from a ``sys.path`` entry) join the fingerprint, with every
+environment variable that code reads; device facts are checked (:mod:`..devicefacts`). What
+cannot be described, or options asking for artifacts a loaded kernel cannot carry, leave that
+compile in memory, with one warning.
 """
 
 from __future__ import annotations
 
 import contextvars
-import dataclasses
-import enum
 import functools
 import hashlib
 import importlib.util
@@ -36,204 +31,18 @@ import os
 import sys
 import threading
 import types
-import weakref
 from pathlib import Path
 from typing import Any
 
 from ..convention import calling_convention, convention_ok, packed_ptx, with_calling_convention, with_ptx
 from ..patches import PATCHES
-from ..key import Environment, UnkeyableError, code_digest, codegen_env, current_arch, env_reads, keyed_env
+from ..describe import Describer, evaluated_annotations
+from ..key import Environment, Plain, UnkeyableError, codegen_env, current_arch, env_reads, keyed_env
 from . import _common, block_dim, sites
-from ._common import NOT_CODEGEN_ENV, Call, Site, arg_signature, options_text
+from ._common import NOT_CODEGEN_ENV, Call, Site, options_text
 from .sites import Row
 
 log = logging.getLogger("cute_diskcache")
-
-
-class _Describer:
-    """One call's arguments as key data; collects the modules the code comes from.
-
-    Symbolic extents (``cute.sym_int()``) are numbered in order of first appearance across the
-    whole call: the same symbol in two tensors ties their extents in the compiled signature.
-    """
-
-    def __init__(self) -> None:
-        self.modules: dict[str, None] = {}
-        self._symbols: dict[int, int] = {}
-        self._keep: list[Any] = []  # keeps described symbols alive so ids stay unique for this call
-
-    def _module(self, name: Any) -> None:
-        if isinstance(name, str) and _ours(name):
-            self.modules[name] = None
-
-    def __call__(self, value: Any, depth: int = 0) -> Any:
-        if depth > 32:
-            raise UnkeyableError("compile argument nested deeper than 32 levels")
-        cls = type(value)
-        kind = _CATEGORY.get(cls) or _categorize(cls, value)
-        if kind == "plain":
-            return value
-        if kind == "seq":
-            tag = "namedtuple:" + _qualname(cls) if hasattr(value, "_fields") else cls.__name__
-            return (tag, tuple([self(v, depth + 1) for v in value]))
-        if kind == "fake_tensor":
-            return ("fake_tensor", str(value.element_type), self(tuple(value.shape), depth + 1),
-                    self(tuple(value.stride), depth + 1), getattr(value, "_assumed_align", None),
-                    str(getattr(value, "memspace", None)), getattr(value, "_use_32bit_stride", None))
-        if kind == "object":  # a kernel object: its class and its whole state
-            self._module(cls.__module__)
-            state = tuple(sorted([(k, self(v, depth + 1)) for k, v in vars(value).items()]))
-            return ("object", _qualname(cls), state)
-        if kind == "enum":
-            return ("enum", _qualname(cls), value.name)
-        if kind == "dict":
-            items = [(self(k, depth + 1), self(v, depth + 1)) for k, v in value.items()]
-            return ("dict", tuple(sorted(items, key=repr)))
-        if kind == "class":
-            self._module(value.__module__)
-            return ("class", _qualname(value))
-        if kind == "torch":
-            return ("torch." + cls.__name__, str(value) if cls.__name__ != "device" else value.type)
-        if kind == "dataclass":
-            self._module(cls.__module__)
-            fields = tuple((f.name, self(getattr(value, f.name), depth + 1)) for f in dataclasses.fields(value))
-            return ("dataclass", _qualname(cls), fields)
-        if kind == "partial":
-            return ("partial", self(value.func, depth + 1), self(value.args, depth + 1), self(value.keywords, depth + 1))
-        if kind == "method":
-            func = value.__func__
-            return ("method", self(value.__self__, depth + 1),
-                    self._function(func, depth) if isinstance(func, types.FunctionType) else self(func, depth + 1))
-        if kind == "function":
-            return self._function(value, depth)
-        if kind == "symbol":
-            return self._symbol(value)
-        if kind == "dsl":
-            return arg_signature(value)  # runtime tensors, streams, DSL numerics; refuses the rest
-        raise UnkeyableError(f"no description for compile argument of type {_qualname(cls)}")
-
-    def _function(self, fn: types.FunctionType, depth: int) -> Any:
-        """A function by what it runs: its code, annotations, defaults and closure.
-
-        Its module and qualified name alone would let two lambdas of one module, or two
-        closures of one factory with other annotations, share an entry. A function from a
-        module whose source no key fingerprints (neither flashinfer's nor the DSL's, which the
-        DSL stack versions) is refused: an edit there would not change the key.
-        """
-        while isinstance(getattr(fn, "__wrapped__", None), types.FunctionType):
-            fn = fn.__wrapped__
-        module = fn.__module__ or ""
-        if not (_ours(module) or module.startswith(_DSL_MODULES)):
-            raise UnkeyableError(f"function {module}.{fn.__qualname__} comes from a module whose source is not "
-                                 "fingerprinted (not flashinfer's, not the DSL's)")
-        self._module(module)
-        cells = []
-        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
-            try:
-                cells.append((name, self(cell.cell_contents, depth + 1)))
-            except ValueError:  # an empty cell
-                cells.append((name, ("empty",)))
-        return ("function", module, fn.__qualname__, code_digest(_original_code(fn)), self._annotations(fn, depth),
-                self(fn.__defaults__, depth + 1), self(fn.__kwdefaults__, depth + 1), tuple(cells))
-
-    def _annotations(self, fn: types.FunctionType, depth: int) -> Any:
-        """Evaluated annotations (the DSL reads them: ``Constexpr``, tensor types), in order; one that
-        cannot be evaluated or described (``Constexpr[int]``) is keyed by its text, which names it fully."""
-        annotations = _evaluated_annotations(fn)
-        out = []
-        for name, value in annotations.items():
-            try:
-                out.append((name, self(value, depth + 1)))
-            except UnkeyableError:
-                text = repr(value)
-                if " at 0x" in text:  # an object's identity, not a description
-                    raise
-                out.append((name, ("repr", _qualname(type(value)), text)))
-        return tuple(out)
-
-    def _symbol(self, sym: Any) -> Any:
-        index = self._symbols.setdefault(id(sym), len(self._symbols))
-        self._keep.append(sym)
-        return ("sym", index, getattr(sym, "width", None), getattr(sym, "divisibility", None))
-
-
-def _qualname(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-#: class -> how :class:`_Describer` describes its instances (decided once per class: a key has
-#: ~200 arguments and attributes, of a few dozen classes).
-_CATEGORY: dict[type, str] = {type(None): "plain", bool: "plain", int: "plain", float: "plain", str: "plain",
-                              bytes: "plain", tuple: "seq", list: "seq"}
-
-
-def _categorize(cls: type, value: Any) -> str:
-    """The description a class's instances get; in the order of precedence the key has always had."""
-    mod = cls.__module__
-    if issubclass(cls, (bool, int, float, str, bytes)):
-        kind = "plain"
-    elif issubclass(cls, enum.Enum):
-        kind = "enum"
-    elif issubclass(cls, (tuple, list)):
-        kind = "seq"
-    elif issubclass(cls, dict):
-        kind = "dict"
-    elif issubclass(cls, type):
-        kind = "class"
-    elif mod == "torch" and cls.__name__ in ("dtype", "device", "Size"):
-        kind = "torch"
-    elif dataclasses.is_dataclass(cls):
-        kind = "dataclass"
-    elif issubclass(cls, functools.partial):
-        kind = "partial"
-    elif issubclass(cls, types.MethodType):
-        kind = "method"
-    elif issubclass(cls, types.FunctionType):
-        kind = "function"
-    elif cls.__name__ == "SymInt" and mod.startswith("cutlass"):
-        kind = "symbol"
-    elif cls.__name__ == "_FakeTensor" and mod.startswith("cutlass"):
-        kind = "fake_tensor"
-    elif _ours(mod) and hasattr(value, "__dict__"):
-        kind = "object"
-    elif mod.startswith(_DSL_MODULES) or (mod.startswith("torch.") and "stream" in cls.__qualname__.lower()):
-        kind = "dsl"
-    else:
-        kind = "none"
-    _CATEGORY[cls] = kind
-    return kind
-
-
-@functools.lru_cache(maxsize=4096)
-def _evaluated_annotations(fn: Any) -> dict[str, Any]:
-    """A function's evaluated annotations, once per function: evaluating string annotations costs
-    more than the rest of a key, and a kernel's functions are met again by every request."""
-    try:
-        return inspect.get_annotations(fn, eval_str=True)
-    except Exception:
-        return dict(getattr(fn, "__annotations__", None) or {})
-
-
-#: function -> its code as we first met it (DSLs before 4.8 keep no copy of what they rewrite).
-_FIRST_CODE: "weakref.WeakKeyDictionary[Any, types.CodeType]" = weakref.WeakKeyDictionary()
-
-
-def _original_code(fn: types.FunctionType) -> types.CodeType:
-    """A function's code as written: compiling a ``cute.jit`` function leaves the preprocessor's
-    rewrite in ``__code__``, which an engine (whose hits compile nothing) never sees, so the second
-    kernel of a prewarm would never be hit. The DSL (4.8+) keeps the original as ``_original_code``;
-    before that, the code as this process first met it stands in."""
-    code = fn.__dict__.get("_original_code")
-    if isinstance(code, types.CodeType):
-        return code
-    try:
-        return _FIRST_CODE.setdefault(fn, fn.__code__)
-    except TypeError:
-        return fn.__code__
-
-
-#: Modules of the DSL: its version (the DSL stack) is in every key, so its code is fingerprinted.
-_DSL_MODULES = ("cutlass", "cuda.")
 
 
 def _ours(module_name: str) -> bool:
@@ -326,7 +135,7 @@ def _integer_parameters(fn: Any, bound: bool) -> frozenset[int]:
         import cutlass
 
         params = list(inspect.signature(fn).parameters.values())[1 if bound else 0:]
-        annotations = _evaluated_annotations(fn)
+        annotations = evaluated_annotations(fn)
         for i, param in enumerate(params):
             if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
                 break
@@ -339,12 +148,12 @@ def _integer_parameters(fn: Any, bound: bool) -> frozenset[int]:
 
 
 def _key(call: Call) -> Any:
-    describe: _Describer = call.locals["describer"]
+    describe: Describer = call.locals["describer"]
     args = call.args
     dynamic = _dynamic_parameters(args[0], args[1:]) if args and callable(args[0]) else set()
     described = tuple(("dynamic", type(a).__name__) if i - 1 in dynamic else describe(a) for i, a in enumerate(args))
     extra = {k: v for k, v in call.kwargs.items() if k != "options"}
-    return ("compile", call.locals["site"], call.locals["compiled_in"], ("args", described), ("kwargs", describe(extra)))
+    return Plain(("compile", call.locals["site"], call.locals["compiled_in"], ("args", described), ("kwargs", describe(extra))))
 
 
 @functools.lru_cache(maxsize=None)
@@ -386,11 +195,19 @@ def _environment_of(row: Row, modules: tuple[str, ...]) -> Environment:
         reads.update(tree_reads)
     if not prints:
         raise UnkeyableError(f"no source to fingerprint for {row.file}:{row.function}")
+    return _environment_for(row.namespace, hashlib.sha256("".join(prints).encode()).hexdigest(), frozenset(reads))
+
+
+@functools.lru_cache(maxsize=256)
+def _environment_for(namespace: str, sources: str, reads: frozenset[str]) -> Environment:
+    """One Environment (and one digest) per distinct environment: the sites of one kernel family
+    (moe_dispatch's micro, static and dynamic) reach the same sources, so the first request of
+    each after the first finds it built."""
     switches = {**codegen_env(), **keyed_env(reads, not_codegen=NOT_CODEGEN_ENV)}
     return Environment(
-        kind=row.namespace,
+        kind=namespace,
         package=f"flashinfer-python=={_common.flashinfer_version()}",
-        sources=hashlib.sha256("".join(prints).encode()).hexdigest(),
+        sources=sources,
         arch=current_arch(),
         codegen_env=tuple(sorted(switches.items())),
     )
@@ -447,11 +264,17 @@ def _where(code: types.CodeType) -> tuple[str, str] | None:
     root = _package_dir()
     if root is None:
         return None
-    path = os.path.realpath(code.co_filename)
+    path = _realpath(code.co_filename)
     if not path.startswith(root + os.sep):
         return None
     qualname = getattr(code, "co_qualname", code.co_name).replace(".<locals>", "")
     return path[len(root) + 1:].replace(os.sep, "/"), qualname
+
+
+@functools.lru_cache(maxsize=1024)
+def _realpath(filename: str) -> str:
+    """Once per source file: every code object of a module met above a compile asks."""
+    return os.path.realpath(filename)
 
 
 #: A frame of flashinfer's own disk caches: the compile is flashinfer's.
@@ -493,7 +316,7 @@ class _Dispatch:
             return self._real(*args, **kwargs)
         row, modules, compiled_in = found
         call = Call({"row": row, "site": f"{row.file}:{row.function}", "compiled_in": compiled_in, "modules": modules,
-                     "describer": _Describer(), "wants_ptx": wants_ptx(self._dsl_options)}, args, kwargs, self._dsl_options)
+                     "describer": describer(), "wants_ptx": wants_ptx(self._dsl_options)}, args, kwargs, self._dsl_options)
         serving = SERVING_NATIVE.get()
         if serving is not None:
             serving.append(row)
@@ -565,9 +388,14 @@ def unpatch() -> None:
         _CODES.clear()
 
 
+def describer() -> Describer:
+    """A describer for one compile: flashinfer's modules are the fingerprinted ones."""
+    return Describer(_ours)
+
+
 def describe(*args: Any) -> tuple[Any, ...]:
     """What :func:`_key` makes of compile arguments (for tests and ``doctor``)."""
-    d = _Describer()
+    d = describer()
     return tuple(d(a) for a in args)
 
 
