@@ -19,7 +19,10 @@ Two figures per hit, side by side:
   ``Dispatcher.run(m)`` (flashinfer's selection and workspace, the compile path it takes when its
   in-process dict is empty, our key, our load, and the refused CPU launch). First: the first
   ``run(m)`` in a fresh process (the first m also pays the process's first kernel call, ~0.6 s on
-  a 2-core CPU box in ``launch_sm120_static_moe``'s own frame, whichever code tree loaded it);
+  a 2-core CPU box in ``launch_sm120_static_moe``'s own frame, whichever code tree loaded it),
+  after ``gc.collect()``: a child is deterministic, so without it a collection that comes due by
+  the process's allocation phase (a generation-1 pass costs ~1-2 ms here) lands in the same first
+  call of one tree in every run and decides that comparison by luck;
   later: each ``run(m)`` after emptying flashinfer's dicts. **memo** is the same call while
   flashinfer's dict holds the kernel (no disk cache involved), and ``later - memo`` (of the
   p50s) is what going to the disk cache adds to a call. Each later call must reach the cache
@@ -35,17 +38,20 @@ over the first tree's. Without ``--code`` the installed package is measured.
 flashinfer 0.7.4's own cache is compared in ``bench/native_vs_ours.py`` (run it with the 0.7.4 venv).
 
 Run:  python bench/hit_path.py [--runs 5] [--repeat 20] [--modes so o]
-Before/after (issue 22), old code in a worktree, new code in /work/main:
-  git worktree add /tmp/hp-old aec26c8
-  python bench/hit_path.py --code /tmp/hp-old --code /work/main --runs 5 --repeat 20 \\
+Before/after (issue 22), old code in a worktree, new code in /work/main, and the noise of the
+figures: the old code against a second copy of itself (A/A), in the same way:
+  git worktree add /tmp/hp-old 6926ee6 && git worktree add /tmp/hp-old2 6926ee6
+  python bench/hit_path.py --code /tmp/hp-old --code /work/main --runs 9 --repeat 20 \\
       --out bench/results/hit_path_ab.json | tee bench/results/hit_path_ab.txt
-  git worktree remove /tmp/hp-old
+  python bench/hit_path.py --code /tmp/hp-old --code /tmp/hp-old2 --runs 9 --repeat 20 \\
+      --out bench/results/hit_path_aa.json | tee bench/results/hit_path_aa.txt
 Targets: later hit <= 1.0 ms p50 and first hit <= 3 ms; cold / warm >= 2000x; miss overhead <= 3%.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -90,6 +96,7 @@ def child(args: argparse.Namespace) -> int:
     for m in args.m:
         kind = KINDS.get(m, str(m))
         before = len(cache.events)
+        gc.collect()  # every tree's first call starts from an empty generation 0 (see the module's docstring)
         t0 = time.perf_counter()
         d.run(m)
         out["first_call"][kind] = time.perf_counter() - t0
