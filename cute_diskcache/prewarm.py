@@ -610,6 +610,15 @@ class PlanRefused(Exception):
     """The model, flags or stack cannot be planned (exit 2): one line that says why."""
 
 
+def _raised_in_flashinfer(exc: BaseException) -> bool:
+    """Whether flashinfer's own code raised ``exc`` (its refusal of a configuration), not ours:
+    only then is it the user's answer rather than a bug to show with its traceback."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}flashinfer{os.sep}" in tb.tb_frame.f_code.co_filename
+
+
 def resolve(args: argparse.Namespace) -> tuple[Any, Any, list[str], list[int]]:
     """(MoE shape or None, dense layers or None, notes, m values) for the plan flags of
     :func:`add_plan_arguments`; :class:`PlanRefused` when they cannot be planned."""
@@ -665,6 +674,10 @@ def plan_model(args: argparse.Namespace, shape: Any, dense: Any, ms: list[int], 
                                    after_call=tick(planning_bar, dense_kernels))
                 kernels.update(dense_kernels)
     except NotImplementedError as exc:  # flashinfer's own refusal, e.g. EP on 0.6.x
+        raise PlanRefused(f"flashinfer cannot serve {name} this way: {exc}") from None
+    except ValueError as exc:  # flashinfer's validation of a shape (0.7.4: gpt-oss's hidden 2880 is no multiple of 128)
+        if not _raised_in_flashinfer(exc):
+            raise
         raise PlanRefused(f"flashinfer cannot serve {name} this way: {exc}") from None
     if not kernels:
         quant = (shape or dense).quant_mode

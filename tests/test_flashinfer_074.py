@@ -402,6 +402,19 @@ def test_prewarm_refuses_w4a16_offline_with_the_reason(fi074: str, tmp_path: Pat
     assert "no exact offline plan" in proc.stderr and "W4A16" in proc.stderr
 
 
+def test_prewarm_says_why_flashinfer_refuses_a_model_without_a_traceback(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> None:
+    """0.7.4's b12x NVFP4 MoE refuses gpt-oss-120b's hidden size 2880 with a ValueError from its own
+    validation; prewarm printed that as a traceback. Now it is prewarm's refusal (exit 2, one line).
+    Our own ValueErrors still show their traceback (only flashinfer's frame makes it a refusal)."""
+    child = Child(tmp_path / "root", tmp_path / "workspace", compile_hook_dir)
+    proc = subprocess.run([fi074, "-m", "cute_diskcache.prewarm", "--model", "gpt-oss-120b", "--target", TARGET,
+                           "--max-num-tokens", "64", "--dry-run"], env=child.env(), capture_output=True, text=True,
+                          timeout=TIMEOUT_S, cwd=compile_hook_dir)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "flashinfer cannot serve" in proc.stderr and "hidden_size (2880) must be a multiple of 128" in proc.stderr
+
+
 # --------------------------------------------------------------------------------------------
 # doctor
 # --------------------------------------------------------------------------------------------
