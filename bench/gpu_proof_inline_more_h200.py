@@ -27,8 +27,15 @@ flashinfer 0.7.4's wheel is 101 MB, over the 64 MiB one device call carries: rep
 ``flashinfer/data/{csrc,cccl,cutlass}`` and every ``*/csrc/`` (CUDA sources for its JIT, which
 these sites do not use; 40 MB for the whole second part then).
 
-Not yet run: written on 2026-12-04, when no device machine was lent (issue 22, item 4). Until it
-has run, these five sites count as not driven.
+Run on 2026-12-05 on the lent H200 (Python 3.12, torch 2.11+cu130, DSL 4.8.1), twice:
+
+* on b1ac64c (``bench/results/gpu_proof_inline_more_h200_b1ac64c.json``): GDN's decode compiled in
+  0.91 s, was persisted, and a fresh process hit it (0 compiles, the same launch error). The four
+  KDA compiles were reached, compiled (0.8-2.4 s) and persisted, but a fresh process missed each
+  again: their keys hold the TMA descriptors' device addresses, passed as ``cutlass.Int64``;
+* with those keyed by type (3a7b116, reverted; ``..._3a7b116.json``): all five hit in a fresh
+  process, but KDA's fwd and fused entries then failed: flashinfer's KDA requires a TVM-FFI
+  callable and a hit hands it the calling-convention wrapper. Issue 23.
 """
 
 from __future__ import annotations
