@@ -35,7 +35,7 @@ Run on 2026-12-05 on the lent H200 (Python 3.12, torch 2.11+cu130, DSL 4.8.1), t
   again: their keys hold the TMA descriptors' device addresses, passed as ``cutlass.Int64``;
 * with those keyed by type (3a7b116, reverted; ``..._3a7b116.json``): all five hit in a fresh
   process, but KDA's fwd and fused entries then failed: flashinfer's KDA requires a TVM-FFI
-  callable and a hit hands it the calling-convention wrapper. Issue 23.
+  callable and a hit hands it the calling-convention wrapper. Both fixes belong together; neither is in.
 """
 
 from __future__ import annotations
