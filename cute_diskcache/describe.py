@@ -36,8 +36,12 @@ class Describer:
 
     def __init__(self, fingerprinted: Callable[[str], bool]) -> None:
         self.fingerprinted = fingerprinted  # whether a module's source is in the key's environment
-        self.categories = _CATEGORIES.setdefault(fingerprinted, dict(_BUILTIN_CATEGORIES))
-        self.constants = _CONSTANTS.setdefault(fingerprinted, {})
+        # One per compile: the caches of this rule are found, not copied (built once per rule).
+        categories, constants = _CATEGORIES.get(fingerprinted), _CONSTANTS.get(fingerprinted)
+        if categories is None or constants is None:
+            categories = _CATEGORIES.setdefault(fingerprinted, dict(_BUILTIN_CATEGORIES))
+            constants = _CONSTANTS.setdefault(fingerprinted, {})
+        self.categories, self.constants = categories, constants
         self.modules: dict[str, None] = {}
         self._symbols: dict[int, int] = {}
         self._keep: list[Any] = []  # keeps described symbols alive so ids stay unique for this call
