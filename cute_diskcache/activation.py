@@ -42,6 +42,7 @@ _lock = RLock()
 _finder: "_Finder | None" = None
 _profile_name: str | None = None
 _cache_on = False
+_attach_failure_said = False  # the attach failure is a WARNING once per process
 
 
 def _log() -> Any:
@@ -118,7 +119,11 @@ def _attach(module: ModuleType) -> None:
         if _cache_on:
             flashinfer_sites.patch(module)
     except Exception as exc:  # never break flashinfer's import because of the cache
-        _log().warning("cute-diskcache could not attach to flashinfer (%s); running uncached", exc)
+        # Attaching runs once per flashinfer module imported: a broken install would say it dozens of times.
+        global _attach_failure_said
+        level = 10 if _attach_failure_said else 30  # DEBUG, WARNING (logging is not imported at start-up)
+        _attach_failure_said = True
+        _log().log(level, "cute-diskcache could not attach to flashinfer (%s); running uncached", exc)
 
 
 def _attach_dsl() -> None:

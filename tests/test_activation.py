@@ -398,3 +398,23 @@ print(json.dumps([[ep.value, str(ep.dist.locate_file(""))] for ep in eps]))
     value, dist = out[0]
     assert value == "cute_diskcache.cli:main"
     assert venvs.full.owns(dist)
+
+
+def test_a_failed_attach_is_said_once_per_process(monkeypatch: "pytest.MonkeyPatch", caplog: "pytest.LogCaptureFixture") -> None:
+    """Attaching runs once per flashinfer module imported: a broken install (a module of ours
+    missing) said "could not attach" for every one of them, 15 lines in one engine start."""
+    import logging
+    import types
+
+    from cute_diskcache import activation, flashinfer_sites
+
+    def broken(module: object) -> None:
+        raise ModuleNotFoundError("No module named 'cute_diskcache.flashinfer_sites.offline'")
+
+    monkeypatch.setattr(flashinfer_sites, "apply_profile", broken)
+    monkeypatch.setattr(activation, "_attach_failure_said", False)
+    with caplog.at_level(logging.DEBUG, logger="cute_diskcache"):
+        for name in ("flashinfer", "flashinfer.fused_moe", "flashinfer.gemm"):
+            activation._attach(types.ModuleType(name))
+    said = [r for r in caplog.records if "could not attach to flashinfer" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING, logging.DEBUG, logging.DEBUG]
