@@ -268,15 +268,24 @@ class CompileCache:
         if log.isEnabledFor(self.miss_level):
             log.log(self.miss_level, "compiling %s", report.describe_kernel(key, self._why(key)))
         t0 = time.perf_counter()
-        with devicefacts.recording() as device, export.capturing() as objects:
-            kernel = compile_fn()
+        ns = key.env.namespace
+        try:
+            with devicefacts.recording() as device, export.capturing() as objects:
+                kernel = compile_fn()
+        except BaseException:
+            # The compile failed, or whatever it goes through refused it (vLLM's JIT monitor in
+            # `error` mode): a miss with nothing compiled, and the caller gets the exception.
+            with self._lock:
+                self.counters.misses += 1
+                self.events.append((key.site, key.digest, "failed", time.perf_counter() - t0, 0.0))
+            stats.record(ns, "misses")
+            raise
         seconds = time.perf_counter() - t0
         extra = extra_fn(kernel) if extra_fn is not None else {}
         with self._lock:
             self.counters.misses += 1
             self.counters.compiles += 1
             self.counters.compile_seconds += seconds
-        ns = key.env.namespace
         stats.record(ns, "misses")
         stats.record(ns, "compiles")
         stats.record(ns, "compile_seconds", seconds)

@@ -21,6 +21,12 @@ wheel), never imported by pytest. Two modes, each printing one JSON line:
     default ``LoggingConfig``: a handler on the ``vllm`` logger only, stdout), the cache attached
     by vLLM's plugin loader, then flashinfer's MoE wrapper run for m=1 through the rtx-pro-6000
     profile. Nothing logs for cute-diskcache here: its lines must appear on their own.
+
+``monitor MODE M [M ...]``
+    ``serve``'s process after warm-up: vLLM's own JIT monitor activated as a vLLM worker does at
+    the end of warm-up (``vllm.utils.jit_monitor.activate(mode=MODE)``, which wraps
+    ``cutlass.cute.compile``), then flashinfer's MoE wrapper run for each ``M`` in turn. Reports
+    the cache's counters and, per M, the error raised (vLLM's RuntimeError in ``error`` mode), if any.
 """
 
 from __future__ import annotations
@@ -119,11 +125,35 @@ def serve() -> dict[str, Any]:
     return counters()
 
 
+def monitor(mode: str, ms: list[int]) -> dict[str, Any]:
+    os.environ["FLASHINFER_B12X_DISK_CACHE"] = "1"
+    os.environ["CUTE_DISKCACHE_TARGET"] = "rtx-pro-6000"  # no GPU here
+    from vllm.config.logging import LoggingConfig
+    from vllm.logger import configure_logging
+    from vllm.plugins import load_general_plugins
+
+    configure_logging(LoggingConfig())
+    load_general_plugins()
+    from cute_diskcache import counters, flashinfer_sites
+
+    flashinfer_sites.import_dispatch()
+    from vllm.utils import jit_monitor
+
+    jit_monitor.activate(mode=mode)  # type: ignore[arg-type]
+    # What each m's call raised: without a GPU every launch fails after the kernel is in hand
+    # (a TypeError on CPU tensors); vLLM's RuntimeError means the monitor stopped the call first.
+    raised = {str(r["m"]): r["launch_error"] for r in flashinfer_sites.dispatch(128, 8, 2048, 768, ms, max_num_tokens=4096,
+                                                                              activation="silu")}
+    return {**counters(), "raised": raised}
+
+
 def main(argv: list[str]) -> int:
     if argv[0] == "plugins":
         out = plugins("--enable" in argv[1:])
     elif argv[0] == "serve":
         out = serve()
+    elif argv[0] == "monitor":
+        out = monitor(argv[1], [int(m) for m in argv[2:]])
     else:
         out = experts(argv[1], int(argv[2]), int(argv[3]))
     print(json.dumps(out, default=str), flush=True)

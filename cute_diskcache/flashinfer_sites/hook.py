@@ -34,6 +34,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+from .. import front
 from ..convention import calling_convention, convention_ok, packed_ptx, with_calling_convention, with_ptx
 from ..patches import PATCHES
 from ..describe import Describer, evaluated_annotations
@@ -311,9 +312,12 @@ class _Dispatch:
         return _Dispatch(self._real[options], options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        found = _find_site(sys._getframe(1)) if _ENABLED else None
-        if found is None:
+        if front.returning():  # a wrapper assigned after us (vLLM's JIT monitor) hands back a compile we passed it
             return self._real(*args, **kwargs)
+        found = _find_site(sys._getframe(1)) if _ENABLED else None
+        compile_fn = functools.partial(front.through_wrappers, self._real, self._dsl_options, args, kwargs)
+        if found is None:
+            return compile_fn()
         row, modules, compiled_in = found
         call = Call({"row": row, "site": f"{row.file}:{row.function}", "compiled_in": compiled_in, "modules": modules,
                      "describer": describer(), "wants_ptx": wants_ptx(self._dsl_options)}, args, kwargs, self._dsl_options)
@@ -321,7 +325,7 @@ class _Dispatch:
         if serving is not None:
             serving.append(row)
         uncached = _hand_back if serving is not None else None
-        return _common.through_cache(site(row), call, lambda: self._real(*args, **kwargs), uncached=uncached)
+        return _common.through_cache(site(row), call, compile_fn, uncached=uncached)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
@@ -332,10 +336,15 @@ def _hand_back() -> Any:
 
 
 def _find_site(frame: types.FrameType | None) -> tuple[Row, tuple[str, ...], str] | None:
-    """The nearest site above a compile: (row, modules of the frames up to it, where the compile is)."""
+    """The nearest site above a compile: (row, modules of the frames up to it, where the compile is).
+
+    Only flashinfer's frames count: where the compile is means the nearest frame of flashinfer's
+    code, so a frame of anyone else's between it and the compile (a profiler's or tracer's
+    decorator, a wrapper of ``cute.compile`` that is not behind :mod:`..front`) changes no key.
+    """
     modules: list[str] = []
     compiled_in = ""
-    for depth in range(sites.DEPTH):
+    for _depth in range(sites.DEPTH):
         if frame is None:
             return None
         code = frame.f_code
@@ -348,8 +357,8 @@ def _find_site(frame: types.FrameType | None) -> tuple[Row, tuple[str, ...], str
         module = frame.f_globals.get("__name__", "")
         if _ours(module):
             modules.append(module)
-        if depth == 0:
-            compiled_in = getattr(code, "co_qualname", code.co_name)
+            if not compiled_in:
+                compiled_in = getattr(code, "co_qualname", code.co_name)
         if isinstance(found, Row):
             return found, tuple(modules), compiled_in
         frame = frame.f_back
@@ -372,7 +381,10 @@ def patch() -> bool:
         except ImportError:
             return False
         _ENABLED = True
-        return PATCHES.replace(cute, "compile", _MARKER, lambda real: _Dispatch(real))
+        if not PATCHES.replace(cute, "compile", _MARKER, lambda real: _Dispatch(real)):
+            return False
+        front.install(cute, cute.__dict__["compile"])  # later wrappers of cute.compile go behind it
+        return True
 
 
 def unpatch() -> None:
@@ -384,7 +396,10 @@ def unpatch() -> None:
             import cutlass.cute as cute
         except ImportError:
             return
+        kept = front.uninstall(cute)
         PATCHES.restore(cute, ("compile",))
+        if kept is not None:  # a wrapper assigned after us (vLLM's monitor) goes on watching
+            cute.compile = kept
         _CODES.clear()
 
 

@@ -1,0 +1,125 @@
+"""vLLM 0.34's JIT monitor over the cache: it sees the compiles the cache could not serve, never a hit.
+
+vLLM wraps ``cutlass.cute.compile`` at the end of every worker's warm-up
+(``vllm.utils.jit_monitor.activate``: ``cute.compile = _MonitoredCuteCompile(cute.compile)``) and
+reports every call it sees: a WARNING in ``warn`` mode, a RuntimeError in ``error`` mode. Each
+check runs vLLM's own module in a fresh process of the vLLM venv (``tests/vllm_driver.py
+monitor``), after a cold process (``serve``, what warm-up or a prewarm does) filled the cache with
+flashinfer's micro kernel for m=1; m=2 is never prewarmed. Real compiles are counted
+independently of our counters (``conftest``'s ``sitecustomize``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cute_diskcache import layout
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import child_env, split_stderr  # noqa: E402
+from test_vllm import DRIVER, pytestmark, vllm_python  # noqa: E402,F401  (the venv fixture; the same skips and marks)
+
+#: vLLM's own report of a CuTe-DSL compile after warm-up (jit_monitor._handle_jit_event).
+JIT_EVENT = "CuTeDSL JIT compilation during inference: MoEMicroKernel"
+
+
+def _driver(python: Path, hook_dir: Path, root: Path, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    proc = subprocess.run([str(python), str(DRIVER), *args], env=child_env(root, env, hook_dir), cwd=root.parent,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    _, ours, real = split_stderr(proc.stderr)
+    out.update(stdout=proc.stdout, cache_log=ours, real_compiles=real,
+               jit_events=[ln for ln in (proc.stdout + proc.stderr).splitlines() if JIT_EVENT in ln])
+    return out
+
+
+@pytest.fixture(scope="module")
+def prewarmed(vllm_python: Path, compile_hook_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A root holding the m=1 micro kernel, compiled by a process without the monitor (warm-up)."""
+    root = tmp_path_factory.mktemp("monitor") / "root"
+    cold = _driver(vllm_python, compile_hook_dir, root, "serve")
+    assert cold["compiles"] == 1 and cold["real_compiles"] == 1, cold
+    return root
+
+
+def _copy(prewarmed: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    shutil.copytree(prewarmed, root, symlinks=True)
+    return root
+
+
+def _entries(root: Path) -> int:
+    return sum(1 for _ in layout.entry_dirs(root))
+
+
+def test_error_mode_serves_a_prewarmed_kernel_and_raises_for_a_real_compile(vllm_python: Path, compile_hook_dir: Path,
+                                                                           prewarmed: Path, tmp_path: Path) -> None:
+    root = _copy(prewarmed, tmp_path)
+    before = _entries(root)
+    hit = _driver(vllm_python, compile_hook_dir, root, "monitor", "error", "1")
+    assert hit["hits"] == 1 and hit["compiles"] == 0 and hit["real_compiles"] == 0, hit
+    assert not hit["raised"]["1"].startswith("RuntimeError"), hit["raised"]  # the launch fails only for want of a GPU
+    assert hit["jit_events"] == [], hit["jit_events"]
+    assert not [ln for ln in hit["cache_log"] if " WARNING " in ln], hit["cache_log"]
+
+    miss = _driver(vllm_python, compile_hook_dir, root, "monitor", "error", "2")
+    assert miss["raised"]["2"].startswith(f"RuntimeError: {JIT_EVENT}"), miss["raised"]
+    assert miss["real_compiles"] == 0 and miss["compiles"] == 0 and miss["misses"] == 1, miss
+    assert miss["cache_log"][-1].startswith("[cute-diskcache] INFO this process: 1 miss, none compiled"), miss["cache_log"]
+    assert _entries(root) == before  # nothing written under anyone's name
+
+
+def test_warn_mode_warns_once_for_the_real_compile_and_never_for_the_hit(vllm_python: Path, compile_hook_dir: Path,
+                                                                         prewarmed: Path, tmp_path: Path) -> None:
+    root = _copy(prewarmed, tmp_path)
+    before = _entries(root)
+    run = _driver(vllm_python, compile_hook_dir, root, "monitor", "warn", "1", "2")
+    assert run["hits"] == 1 and run["compiles"] == 1 and run["real_compiles"] == 1, run
+    assert len(run["jit_events"]) == 1, run["jit_events"]  # m=2's compile; m=1's hit is no JIT event
+    compiling = [ln for ln in run["cache_log"] if " WARNING compiling " in ln]
+    assert len(compiling) == 1 and "_MonitoredCuteCompile" not in compiling[0], compiling
+    assert _entries(root) == before + 1  # m=2's entry; m=1's was found, not written again under the wrapper's name
+    again = _driver(vllm_python, compile_hook_dir, root, "monitor", "warn", "1", "2")
+    assert again["hits"] == 2 and again["real_compiles"] == 0 and again["jit_events"] == [], again
+
+
+def test_on_miss_error_raises_ours_before_the_monitor_sees_anything(vllm_python: Path, compile_hook_dir: Path,
+                                                                   prewarmed: Path, tmp_path: Path) -> None:
+    root = _copy(prewarmed, tmp_path)
+    run = _driver(vllm_python, compile_hook_dir, root, "monitor", "warn", "1", "2", env={"CUTE_DISKCACHE_ON_MISS": "error"})
+    assert run["hits"] == 1 and run["real_compiles"] == 0 and run["jit_events"] == [], run
+    assert run["raised"]["2"].startswith("CacheMissError: CUTE_DISKCACHE_ON_MISS=error: not compiling "), run["raised"]
+
+
+def test_a_wrapper_keeps_watching_after_the_cache_detaches(vllm_python: Path, compile_hook_dir: Path, tmp_path: Path) -> None:
+    """``uninstall()`` gives ``cute.compile`` back to the wrapper that wrapped us, not to the bare compile."""
+    code = ("import os; os.environ['CUTE_DISKCACHE_TARGET'] = 'rtx-pro-6000'\n"
+            "import cute_diskcache; cute_diskcache.install()\n"
+            "import cutlass.cute as cute\n"
+            "from vllm.utils import jit_monitor; jit_monitor.activate(mode='warn')\n"
+            "ours = cute.compile\n"
+            "cute_diskcache.uninstall()\n"
+            "print(type(ours).__name__, type(cute.compile).__name__, type(cute.compile._inner).__name__, type(cute).__name__)\n")
+    out = subprocess.run([str(vllm_python), "-c", code], env=child_env(tmp_path / "root", None, compile_hook_dir), cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-4:] == ["_Dispatch", "_MonitoredCuteCompile", "_Dispatch", "module"], out.stdout
+
+
+def test_jit_monitor_source_still_wraps_cute_compile_as_front_assumes(vllm_python: Path) -> None:
+    """What :mod:`cute_diskcache.front` relies on: vLLM assigns a wrapper that calls what it wrapped."""
+    code = "import inspect, vllm.utils.jit_monitor as j; print(inspect.getsource(j._setup_cutedsl_jit_hook)); print(inspect.getsource(j._MonitoredCuteCompile))"
+    src = subprocess.run([str(vllm_python), "-c", code], capture_output=True, text=True, timeout=300, cwd="/").stdout
+    assert "cute.compile = _MonitoredCuteCompile(cute.compile)" in src
+    assert re.search(r"return self\._inner\(\*args, \*\*kwargs\)", src) and "self._inner[options]" in src
+    assert os.path.basename(str(DRIVER)) == "vllm_driver.py"
