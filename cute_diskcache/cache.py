@@ -6,13 +6,14 @@ process's counters. Bytes and files are :mod:`.entry`'s and :mod:`.store`'s busi
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import config, devicefacts, entry, eviction, explain, export, loader, locking, report, stats
+from . import as_compiled, config, devicefacts, entry, eviction, explain, export, loader, locking, report, stats
 from .errors import CacheMissError
 from .key import CacheKey
 from .store import Store
@@ -22,6 +23,10 @@ if TYPE_CHECKING:
     from .remote.client import RemoteCache
 
 log = logging.getLogger("cute_diskcache")
+
+#: In the side data a hit returns (a copy, never stored): the entry it came from, read again only
+#: when a caller asks the kernel for what the compile held (:class:`.as_compiled.Payloads`).
+HIT_FROM = "_hit_from"
 
 #: CUTE_DISKCACHE_ON_MISS values; the first is the default. ``warn`` is ``compile`` under the name
 #: vLLM's ``--jit-monitor-mode warn`` uses: both compile, with a WARNING saying why it missed.
@@ -234,7 +239,7 @@ class CompileCache:
                 if self.store.writable:
                     eviction.touch(self.store.entry_dir(key))
                 log.debug("hit %s %s in %.2f ms", key.site, key.digest[:12], dt * 1e3)
-                return kernel, dict(manifest["extra"])
+                return kernel, {**manifest["extra"], HIT_FROM: as_compiled.Payloads(functools.partial(self.store.read_role, key))}
         return None
 
     def _load(self, key: CacheKey, found: Any) -> Any:

@@ -300,6 +300,22 @@ class Store:
             return Refusal(exc, path, corrupt, manifest)
         return Found(manifest, data, role or "object")
 
+    def read_role(self, key: CacheKey, role: str) -> tuple[bytes, str] | None:
+        """A verified payload of ``key``'s entry other than the one a hit loaded, and its file
+        name (the MLIR or the object a caller asks a loaded kernel for), from this root or a
+        layer; None when none holds it. Judged like a lookup; never acts on a refusal."""
+        for store in (self, *self.layers):
+            path = store.entry_dir(key)
+            if not store.trusted or trust.first_untrusted(store.root, path, owner=store.owner) is not None:
+                continue
+            try:
+                manifest = entry.read_manifest(path, hmac_key=store.hmac_key, owner=store.owner)
+                data = entry.verify(path, manifest, key, owner=store.owner, role=role)
+            except entry.EntryError:
+                continue
+            return data, manifest["payloads"][role][0]["file"]
+        return None
+
     def note_refusal(self, path: Path, exc: entry.EntryError) -> None:
         """A sound entry this process cannot use: a miss, counted and reported once; it stays."""
         if exc.reason == "signature" and exc.detail == entry.UNSIGNED:
