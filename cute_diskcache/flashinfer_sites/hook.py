@@ -116,8 +116,10 @@ def _dynamic_parameters(fn: Any, args: tuple[Any, ...]) -> set[int]:
 
     The DSL compiles a value passed for a ``cutlass.Int32``-annotated parameter as a runtime
     argument (only ``Constexpr`` and unannotated values are baked in), so the value does not
-    change the kernel: flashinfer's b12x GEMM passes each layer's scale extents that way and
-    compiles one kernel for every layer. Anything we cannot read keeps the value in the key.
+    change the kernel: flashinfer's b12x GEMM passes each layer's scale extents that way (Python
+    ints) and compiles one kernel for every layer; 0.7.4's KDA prefill passes its TMA descriptors'
+    device addresses that way (``cutlass.Int64(address)``), new in every process. A bool stays a
+    value, and anything we cannot read keeps the value in the key.
     """
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
         declared = _integer_parameters(fn.__func__, True)
@@ -125,7 +127,11 @@ def _dynamic_parameters(fn: Any, args: tuple[Any, ...]) -> set[int]:
         declared = _integer_parameters(fn, False)
     else:  # a kernel object's __call__, a partial...: its values stay in the key
         return set()
-    return {i for i in declared if i < len(args) and type(args[i]) is int}
+    if not declared:
+        return set()
+    import cutlass
+
+    return {i for i in declared if i < len(args) and (type(args[i]) is int or isinstance(args[i], cutlass.Integer))}
 
 
 @functools.lru_cache(maxsize=4096)
