@@ -15,10 +15,12 @@ flashinfer compile filled as root.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -235,6 +237,108 @@ def test_trust_group_still_refuses_others_and_other_groups(
             assert store.lookup_or_quarantine(key) is None
     warnings = _records(caplog, logging.WARNING)
     assert len(warnings) == 1 and str(level) in warnings[0] and why in warnings[0], warnings
+
+
+# --------------------------------------------------------------------------------------------
+# POSIX ACLs and owners outside the group (issue 29, finding 1)
+# --------------------------------------------------------------------------------------------
+
+OUTSIDER = 3000  # a backup or log agent: no member of FS_GROUP
+
+
+def _setfacl(*args: str) -> None:
+    """A real POSIX ACL, as an operator sets one (Debian's ``acl`` package: scripts/ensure_redis_server.sh)."""
+    exe = shutil.which("setfacl")
+    assert exe is not None, "setfacl is not installed (apt-get install acl; .ci/run installs it)"
+    subprocess.run([exe, *args], check=True, capture_output=True)
+
+
+def _plant(volume: Path, key: CacheKey) -> bytes:
+    """What an outsider who may write the root does: move ``v1`` aside and build its own tree,
+    which the setgid root hands group FS_GROUP. Returns the object it planted."""
+    legit = Store(volume).entry_dir(key)
+    manifest = entry.read_manifest(legit)
+    evil = b"\x7fELF-attacker-object"
+    os.rename(volume / "v1", volume / ".old")
+    d = volume / "v1" / key.env.namespace / key.digest[:2] / key.digest
+    d.mkdir(parents=True)
+    name = f"object-{hashlib.sha256(evil).hexdigest()[:16]}.o"
+    (d / name).write_bytes(evil)
+    manifest["payloads"] = {"object": [{"file": name, "size": len(evil), "sha256": hashlib.sha256(evil).hexdigest()}], "cubin": [], "mlir": []}
+    (d / entry.MANIFEST).write_bytes(entry.pack_manifest(manifest))
+    return evil
+
+
+def test_acl_entry_for_a_non_member_is_refused_not_loaded(volume: Path, key: CacheKey, art: entry.Artifact,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """``u:3000:rwx`` on the volume root: its mode still reads 2775 (the group bits show the ACL
+    mask), and uid 3000, no member, plants an object; the engine must never load it."""
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        assert Store(volume, trust_group=FS_GROUP).commit(key, art) is not None
+    _setfacl("-m", f"u:{OUTSIDER}:rwx", str(volume))
+    assert stat.S_IMODE(volume.stat().st_mode) == 0o2775, "the mode shows the mask, not the agent"
+    with as_user(OUTSIDER):
+        evil = _plant(volume, key)
+    assert (volume / "v1").stat().st_gid == FS_GROUP, "setgid gave the outsider's tree the trusted group"
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        store = Store(volume, trust_group=FS_GROUP)
+        for _ in range(2):
+            found = store.lookup_or_quarantine(key, load=True)
+            assert found is None or found[1] != evil, "the outsider's object was loaded"
+            assert found is None
+        assert store.commit(make_key("static"), art) is None
+    warnings = _records(caplog, logging.WARNING)
+    assert len(warnings) == 1 and f"POSIX ACL entry for uid {OUTSIDER}" in warnings[0], warnings
+    assert "setfacl -x" in warnings[0], "the way out is named"
+
+
+@pytest.mark.parametrize("where", ["entry", "manifest"])
+def test_acl_below_the_root_is_refused_too(volume: Path, key: CacheKey, art: entry.Artifact, caplog: pytest.LogCaptureFixture,
+                                           where: str) -> None:
+    """An entry directory or a file a member made, which an ACL opens to an outsider (who could
+    rewrite the object in place): a miss, never a load."""
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        assert Store(volume, trust_group=FS_GROUP).commit(key, art) is not None
+    d = Store(volume).entry_dir(key)
+    _setfacl("-m", f"u:{OUTSIDER}:rw{'x' if where == 'entry' else ''}", str(d if where == "entry" else d / entry.MANIFEST))
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        assert Store(volume, trust_group=FS_GROUP).lookup_or_quarantine(key, load=True) is None
+    warnings = _records(caplog, logging.WARNING)
+    assert any(f"POSIX ACL entry for uid {OUTSIDER}" in w for w in warnings), warnings
+
+
+@pytest.mark.parametrize("acl", [f"u:{OUTSIDER}:r-x", f"g:{FS_GROUP}:rwx", f"u:{NOBODY}:rwx", f"d:u:{OUTSIDER}:rwx"])
+def test_acl_entries_that_let_no_outsider_write_are_accepted(volume: Path, key: CacheKey, art: entry.Artifact,
+                                                            caplog: pytest.LogCaptureFixture, acl: str) -> None:
+    """Read-only entries (a backup agent that only reads), the trusted group named again, this
+    uid, and a default ACL (it shapes new files, which are checked themselves) refuse nothing."""
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        assert Store(volume, trust_group=FS_GROUP).commit(key, art) is not None
+    _setfacl("-m", acl, str(volume))
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        found = Store(volume, trust_group=FS_GROUP).lookup_or_quarantine(key, load=True)
+        assert found is not None and found[1] == art.object_bytes
+    assert _records(caplog, logging.WARNING) == []
+
+
+def test_root_owned_by_another_uid_needs_trusted_directories_above_it(volume: Path, key: CacheKey, art: entry.Artifact,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A root another uid owns is trusted through its group only where nobody outside the group
+    can write the directories above it (whoever can could have put it there): the group vouches
+    for a member, never for an owner an outsider's write could have made."""
+    root = volume / "cache"
+    with as_user(OTHER, groups=[FS_GROUP]):  # another pod's uid, a member, made the root
+        assert Store(root, trust_group=FS_GROUP).commit(key, art) is not None
+    assert root.stat().st_uid == OTHER
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        assert Store(root, trust_group=FS_GROUP).lookup_or_quarantine(key) is not None, "members share it"
+    assert _records(caplog, logging.WARNING) == []
+    _setfacl("-m", f"u:{OUTSIDER}:rwx", str(volume))  # the directory above it, opened to an outsider
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        store = Store(root, trust_group=FS_GROUP)
+        assert store.lookup_or_quarantine(key) is None and not store.trusted
+    warnings = _records(caplog, logging.WARNING)
+    assert len(warnings) == 1 and f"owned by uid {OTHER}" in warnings[0] and f"POSIX ACL entry for uid {OUTSIDER}" in warnings[0], warnings
 
 
 def test_trust_group_setting_takes_a_gid_or_a_name(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
