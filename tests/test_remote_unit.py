@@ -278,6 +278,40 @@ def test_bad_remote_value_is_a_miss_then_replaced_by_our_compile(damage: str, tm
     assert fresh.fetch(key, Store(tmp_path / "c", hmac_key=hmac_key)) is not None
 
 
+def test_node_with_another_signing_key_leaves_the_fleets_entry_alone(tmp_path: Path, memory_url: str,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 29, finding 4: a fleet signs with K1; one node (a canary mid-rotation, a typo) holds
+    K2. It misses (another key's entry is never loaded) and compiles, and the fleet's entry stays:
+    the local rule, where a badly signed entry is not damage. Before, its publish replaced the
+    fleet's entry and the next correct node compiled again."""
+    from cute_diskcache import export
+    from cute_diskcache.cache import CompileCache
+
+    monkeypatch.setattr(export, "export", lambda kernel, digest, seconds, extra, device, **kw: make_artifact())
+    monkeypatch.setattr(CompileCache, "_load", lambda self, key, found: "loaded")
+    key = make_key("micro")
+
+    def node(name: str, hmac_key: bytes) -> tuple[Any, RemoteCache, CompileCache]:
+        rc = RemoteCache(memory_url, hmac_key=hmac_key, use_lease=False)
+        cache = CompileCache(Store(tmp_path / name, hmac_key=hmac_key), remote=rc)
+        kernel, _ = cache.get_or_compile(key, lambda: "compiled")
+        assert rc.flush(5)
+        return kernel, rc, cache
+
+    assert node("a", b"K1")[0] == "compiled"
+    fleets = RemoteCache(memory_url).backend().get(RemoteCache(memory_url).name(key.env.namespace, key.digest))  # type: ignore[union-attr]
+    kernel, odd, _ = node("odd", b"K2")
+    assert kernel == "compiled" and odd.counters.published == 0, "the odd node's compile stays its own"
+    rc = RemoteCache(memory_url)
+    assert rc.backend().get(rc.name(key.env.namespace, key.digest)) == fleets, "the fleet's entry is untouched"  # type: ignore[union-attr]
+    for name in ("c", "d"):
+        kernel, rc_n, cache = node(name, b"K1")
+        assert kernel == "loaded" and cache.counters.compiles == 0 and rc_n.counters.remote_hits == 1, name
+    odd_lines = [r.getMessage() for r in caplog.records if "signed with another key" in r.getMessage()]
+    assert len(odd_lines) == 1 and "stays" in odd_lines[0], odd_lines
+
+
 def test_entry_for_another_key_under_our_name_is_refused(tmp_path: Path, memory_url: str) -> None:
     """A value copied under another entry's name: the name check refuses it before any disk write."""
     ours, theirs = make_key("micro"), make_key("static")

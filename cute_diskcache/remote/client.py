@@ -16,8 +16,11 @@ store safe to put behind a serving process:
   publisher of an entry wins, later ones are no-ops. The one exception is a node holding the
   kernel's fleet lease (:mod:`.lease`, :meth:`RemoteCache.flight`): it publishes synchronously,
   bounded, before it lets the waiting nodes go. A remote value that failed verification
-  here is overwritten by this node's own compile of it, so one bad object heals itself instead
-  of costing every node a compile forever. Bad remote objects are never deleted by a fetch.
+  here as damaged (or unsigned, where we sign) is overwritten by this node's own compile of it,
+  so one bad object heals itself instead of costing every node a compile forever; one signed
+  with another key is sound for the nodes that hold that key and stays, as on a local root (a
+  node with a wrong key must not replace the fleet's entries). Bad remote objects are never
+  deleted by a fetch.
 
 Counters (this process) and statistics (the root's, per namespace) gain ``remote_*`` fields.
 
@@ -295,9 +298,17 @@ class RemoteCache:
             try:
                 found = self._adopt(raw, key, store, name)
             except entry.EntryError as exc:
+                self._count(ns, "remote_errors")
+                if _another_key(exc):  # sound, for the nodes that hold that key: it stays, as on a local root
+                    self._warn_once(
+                        "key:" + name,
+                        "cute-diskcache: %s: entry %s is signed with another key (%s); compiling it here, the remote "
+                        "entry stays for the nodes that hold that key (is CUTE_DISKCACHE_HMAC_KEY the fleet's?)",
+                        self.label, key.digest[:12], exc.detail,
+                    )
+                    return None, "bad"
                 with self._lock:
                     self._bad.add(name)
-                self._count(ns, "remote_errors")
                 self._warn_once(
                     "bad:" + name,
                     "cute-diskcache: %s: entry %s rejected (%s); compiling it here, and this node's entry will replace it",
@@ -397,8 +408,9 @@ class RemoteCache:
             if writable:
                 report = ingest.ImportReport(f"remote:{name}")
                 if not ingest.adopt_staged(store.root, store, edir, report, hmac_key=store.hmac_key):
-                    bad = report.bad[0]["reason"] if report.bad else "check failed"
-                    raise entry.EntryError("remote", bad)
+                    bad = report.bad[0]["reason"] if report.bad else "remote: check failed"
+                    reason, _, detail = bad.partition(": ")  # the report keeps str(EntryError): "<reason>: <detail>"
+                    raise entry.EntryError(reason, detail)
                 found = store.lookup_or_quarantine(key)
                 if found is not None or not edir.exists():
                     return found
@@ -437,9 +449,7 @@ class RemoteCache:
                     raise RemoteError("breaker open")
                 if self._bounded(self.timeout, backend.lease_acquire, lname, holder, self.lease_ttl):
                     taken = lease.Lease(backend, lname, holder, self.lease_ttl, call=self._bounded, timeout=self.timeout)
-                    # The holder before us may have published and released between our GET and our SET.
-                    if not self._bounded(self.timeout, backend.exists, name):
-                        self.breaker.success()
+                    if not self._published_meanwhile(backend, name, ns):
                         with self._lock:
                             self.counters.leases += 1
                         log.debug("lease %s taken: compiling %s for the fleet", lname, key.digest[:12])
@@ -472,6 +482,26 @@ class RemoteCache:
                 with self._lock:
                     self.counters.lease_waits += 1
                     self.counters.lease_wait_seconds += time.monotonic() - t0
+
+    def _published_meanwhile(self, backend: Backend, name: str, ns: str) -> bool:
+        """Whether the entry is there now, asked right after this node took the lease (the
+        holder before us may have published and released between our GET and our SET).
+
+        Never raises: the lease is ours from the moment it was taken, and every way out of
+        :meth:`fetch_or_lease` but returning it would leave its renewal thread keeping it alive
+        for the life of the process, every other node waiting out its whole budget (issue 29).
+        A failed check answers "not there": this node compiles for the fleet and releases the
+        lease as any holder does (at worst, once, a kernel published a moment ago is compiled
+        again)."""
+        try:
+            present = bool(self._bounded(self.timeout, backend.exists, name))
+        except RemoteError as exc:
+            self.breaker.failure(str(exc))
+            self._count(ns, "remote_errors")
+            log.debug("%s: checking %s after taking its lease failed (%s); compiling it for the fleet", self.label, name, exc)
+            return False
+        self.breaker.success()
+        return present
 
     @contextlib.contextmanager
     def flight(self, key: CacheKey, store: Store, wait: float) -> Iterator[None]:
@@ -628,6 +658,14 @@ class RemoteCache:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return report
+
+
+def _another_key(exc: entry.EntryError) -> bool:
+    """A signature that does not match ours: the entry is sound for the nodes holding the key that
+    signed it (a canary during a key rotation, another fleet on one store). The local rule
+    (:data:`entry.CORRUPT`): such an entry is a miss and stays; only damage is replaced, and an
+    unsigned entry is re-signed by the rewrite, as a local one is."""
+    return exc.reason == "signature" and exc.detail != entry.UNSIGNED
 
 
 class _Workers:
