@@ -82,7 +82,7 @@ class CompileCache:
         self.single_flight = single_flight
         self.lock_timeout = lock_timeout
         self.counters = Counters()
-        stats.bind(store.root if store.writable else None, shared=store.trust_shared)
+        stats.bind(store.root if store.writable else None, shared=store.trust_shared, group=store.trust_group)
         # (site, digest, "hit" | "miss", seconds, persist seconds), in order: what the bench
         # and tests read. seconds is the load (hit) or the compile (miss); persist seconds is
         # the export + write a miss added on top of its compile.

@@ -184,6 +184,7 @@ _root: Path | None = None
 _file: _Mapped | None = None
 _file_failed = False  # this root cannot hold a mapped file: count in memory, write at exit
 _shared = False  # the root is shared (CUTE_DISKCACHE_TRUST_SHARED): stats/ follows the umask
+_group: int | None = None  # CUTE_DISKCACHE_TRUST_GROUP: stats/ is that group's, 2775, so every member's process adds its file
 #: Counts not (yet) in a file: recorded while unbound, or where mapping failed.
 _memory: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 _file_name = ""
@@ -197,16 +198,18 @@ def _new_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}{_SUFFIX}"
 
 
-def bind(root: Path | None, *, shared: bool = False) -> None:
+def bind(root: Path | None, *, shared: bool = False, group: int | None = None) -> None:
     """Where this process's counters go (None: memory only, e.g. a read-only root).
 
     Counts made before the first bind move into the file when it is created. ``shared``: the
-    root is shared by a group (``CUTE_DISKCACHE_TRUST_SHARED``), so ``stats/`` is made with the
-    umask's mode rather than a private one.
+    root is shared (``CUTE_DISKCACHE_TRUST_SHARED``), so ``stats/`` is made with the umask's
+    mode rather than a private one; ``group`` (``CUTE_DISKCACHE_TRUST_GROUP``): with that group
+    and mode 2775, so the other members' processes (other pods' uids) can add their files.
     """
-    global _root, _file, _file_failed, _shared
+    global _root, _file, _file_failed, _shared, _group
     with _lock:
         _shared = shared
+        _group = group
         if root is not None and _root is not None and Path(root) == Path(_root):
             return
         if _file is not None:
@@ -225,7 +228,7 @@ def _open() -> _Mapped | None:
 
     folder = _root / _DIR
     try:
-        trust.make_dirs(_root, folder, shared=_shared)
+        trust.make_dirs(_root, folder, shared=_shared, **({"group": _group} if _group is not None and not _shared else {}))
         _file_name = _new_name()
         _file = _Mapped(folder / _file_name)
     except (OSError, ValueError) as exc:

@@ -341,6 +341,114 @@ def test_root_owned_by_another_uid_needs_trusted_directories_above_it(volume: Pa
     assert len(warnings) == 1 and f"owned by uid {OTHER}" in warnings[0] and f"POSIX ACL entry for uid {OUTSIDER}" in warnings[0], warnings
 
 
+# --------------------------------------------------------------------------------------------
+# Every door makes the group's directories (issue 29, findings 5 and 6)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("door", ["remote", "bundle"])
+def test_entries_that_arrive_from_outside_leave_the_root_writable_by_the_group(
+        volume: Path, public: Path, key: CacheKey, art: entry.Artifact, door: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Finding 5: uid 65534 fetches (or imports) an entry first; uid 65533, of the same group,
+    must still add its own kernels to that namespace, and its statistics. Before, the merge made
+    ``v1/``, the namespace and the shard 2755 and ``stats/`` 0755: read-only for every other uid."""
+    from cute_diskcache import bundle, stats
+    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.remote.client import RemoteCache
+
+    built = public / "built"
+    assert Store(built).commit(key, art) is not None
+    url = f"memory://cdc-tg-{os.getpid()}-{os.urandom(3).hex()}"
+    if door == "remote":
+        RemoteCache(url).push(built)
+    else:
+        bundle.export_bundle(built, public / "kernels.tar.gz")
+    old_umask = os.umask(0o002)
+    try:
+        with as_user(NOBODY, groups=[FS_GROUP]):
+            store = Store(volume, trust_group=FS_GROUP)
+            if door == "remote":
+                rc = RemoteCache(url, use_lease=False)
+                assert rc.fetch(key, store) is not None
+                assert rc.flush(10)  # the whole entry follows a hit into the local root
+            else:
+                assert bundle.import_bundle(volume, public / "kernels.tar.gz", trust_group=FS_GROUP).imported
+            stats.reset_for_tests()
+            CompileCache(store)
+            stats.record(key.env.namespace, "hits")
+        d = store.entry_dir(key)
+        for level in (volume / "v1", d.parent.parent, d.parent, d, volume / "stats"):
+            st = level.stat()
+            assert (st.st_gid, stat.S_IMODE(st.st_mode)) == (FS_GROUP, 0o2775), (level, oct(st.st_mode))
+        with as_user(OTHER, groups=[FS_GROUP]):
+            other = Store(volume, trust_group=FS_GROUP)
+            static = make_key("static")  # same namespace, another shard or the same one
+            assert other.commit(static, art) is not None, other._write_disabled_reason
+            assert other.lookup_or_quarantine(static) is not None
+            stats.reset_for_tests()
+            stats.bind(None)
+            CompileCache(other)
+            stats.record(key.env.namespace, "hits")
+            assert stats.describe()["mapped"], "uid 65533's statistics file could not be made in stats/"
+    finally:
+        os.umask(old_umask)
+        stats.reset_for_tests()
+        stats.bind(None)
+    assert OTHER in {p.stat().st_uid for p in (volume / "stats").iterdir()}
+    assert _records(caplog, logging.WARNING) == []
+
+
+@pytest.mark.parametrize("member", [True, False])
+def test_first_miss_under_trust_group_leaves_a_root_the_next_process_accepts(public: Path, key: CacheKey, art: entry.Artifact,
+                                                                           caplog: pytest.LogCaptureFixture, member: bool) -> None:
+    """Finding 6: a miss takes its lock first, which makes ``locks/``. Made with the umask's mode
+    (002) and the process's own group, the next process's trust walk read it as "writable by
+    group (mode 0775)" and refused the whole root (suggesting the wrong group). A member's
+    ``locks/`` gets the trusted group and 2775; a non-member's (a reader that trusts the group)
+    stays private."""
+    vol = public / "vol"
+    vol.mkdir()
+    if member:  # the operator's root: the engine's, group FS_GROUP, 0775, no setgid bit
+        root = vol
+        os.chown(root, NOBODY, FS_GROUP)
+        root.chmod(0o775)
+    else:
+        os.chown(vol, NOBODY, NOBODY)
+        root = vol / "cache"  # made by the engine
+    old_umask = os.umask(0o002)
+    try:
+        with as_user(NOBODY, groups=[FS_GROUP] if member else []):
+            first = Store(root, trust_group=FS_GROUP)
+            with first.single_flight(key) as flight:
+                assert flight.held
+                assert first.commit(key, art) is not None
+            first.maintain()
+            second = Store(root, trust_group=FS_GROUP)
+            assert second.lookup_or_quarantine(key) is not None, second._refusal
+    finally:
+        os.umask(old_umask)
+    locks = (root / "locks").stat()
+    assert (locks.st_gid, stat.S_IMODE(locks.st_mode)) == ((FS_GROUP, 0o2775) if member else (NOBODY, 0o755)), oct(locks.st_mode)
+    assert _records(caplog, logging.WARNING) == []
+
+
+def test_refusal_under_trust_group_names_that_group_not_another(public: Path, key: CacheKey, caplog: pytest.LogCaptureFixture) -> None:
+    """A level of another group that group may write, under TRUST_GROUP=4242 (what an older
+    version's ``locks/`` looked like): the way out is giving it group 4242, not trusting the
+    process's own group as well, which the refusal used to suggest."""
+    root = public / "root"
+    root.mkdir()
+    os.chown(root, NOBODY, FS_GROUP)
+    root.chmod(0o2775)
+    (root / "locks").mkdir()
+    os.chown(root / "locks", NOBODY, NOBODY)
+    (root / "locks").chmod(0o775)
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        assert not Store(root, trust_group=FS_GROUP).trusted
+    (warning,) = _records(caplog, logging.WARNING)
+    assert f"chgrp {FS_GROUP} {root / 'locks'}" in warning and f"CUTE_DISKCACHE_TRUST_GROUP={NOBODY}" not in warning, warning
+
+
 def test_trust_group_setting_takes_a_gid_or_a_name(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("CUTE_DISKCACHE_TRUST_GROUP", str(FS_GROUP))
     assert config.load().trust_group == FS_GROUP

@@ -376,7 +376,7 @@ class RemoteCache:
                 return
             self._count(ns, "remote_bytes_in", len(raw))
             staged = store.scratch_dir("remote")
-            edir = blob.stage(blob.unpack(raw, ns, digest), staged, ns, digest, durable=False)
+            edir = blob.stage(blob.unpack(raw, ns, digest), staged, ns, digest, durable=False, group=store.trust_group)
             report = ingest.ImportReport(f"remote:{name}")
             if not ingest.adopt_staged(store.root, store, edir, report, hmac_key=store.hmac_key):
                 log.debug("completing %s locally: %s", digest[:12], report.bad[0]["reason"] if report.bad else "not merged")
@@ -404,7 +404,7 @@ class RemoteCache:
         if base is None:
             base = Path(tempfile.mkdtemp(prefix="cute_diskcache-remote-"))
         try:
-            edir = blob.stage(files, base, ns, digest, durable=False)
+            edir = blob.stage(files, base, ns, digest, durable=False, group=store.trust_group if writable else None)
             if writable:
                 report = ingest.ImportReport(f"remote:{name}")
                 if not ingest.adopt_staged(store.root, store, edir, report, hmac_key=store.hmac_key):
@@ -650,7 +650,7 @@ class RemoteCache:
                     continue  # deleted since the listing
                 stats.record(ns, "remote_bytes_in", len(raw))
                 try:
-                    edir = blob.stage(blob.unpack(raw, ns, digest), staging, ns, digest)
+                    edir = blob.stage(blob.unpack(raw, ns, digest), staging, ns, digest, group=store.trust_group)
                 except entry.EntryError as exc:
                     report.bad.append({"digest": digest, "namespace": ns, "reason": str(exc)})
                     continue
