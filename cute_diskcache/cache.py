@@ -153,6 +153,8 @@ class CompileCache:
 
         A miss compiles under the key's single-flight lock when the store can write: once we
         hold it, whoever held it before us has finished, so the store is read again first.
+        ``lock_timeout`` bounds the whole wait: the local lock's, then what is left of it for
+        another node's fleet lease.
         Housekeeping that a commit made due runs after the lock is released.
 
         ``CUTE_DISKCACHE_ON_MISS=error`` (:attr:`on_miss`): a local miss raises
@@ -181,7 +183,10 @@ class CompileCache:
                         return hit
                 if self.remote is not None:
                     # Fleet-wide single-flight (remote.lease): the entry, or this node's lease to compile it.
-                    with self.remote.flight(key, self.store, self.lock_timeout):
+                    # One bound for the whole wait (docs/fleets.md): what the local lock took is
+                    # not given again to the fleet's lease (a timed-out local wait waited twice).
+                    left = max(0.0, self.lock_timeout - flight.waited_seconds)
+                    with self.remote.flight(key, self.store, left):
                         hit = self._try_hit(key, remote=True, extra_ok=extra_ok)
                         if hit is not None:
                             return hit

@@ -585,3 +585,46 @@ def test_s3_renewal_defeats_a_takeover_read_before_it(s3_env: Any) -> None:
     assert not backend._put_lease(name, "taker", 20.0, {"IfMatch": stale[2]}), "a takeover of the version it read"
     assert backend._current(name)[0] == "holder"  # type: ignore[index]
     backend.lease_release(name, "holder")
+
+
+def test_one_bound_for_the_local_lock_and_the_fleet_lease(redis_db: Any, redis_url: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 7: CUTE_DISKCACHE_LOCK_TIMEOUT bounds a miss's whole wait. Another node holds the
+    kernel's lease (hung); two processes of this node miss it. The second waits its bound on the
+    local lock and must then compile, not wait the lease for the bound again (2 s + 2 s before)."""
+    import threading
+
+    from _helpers import make_key
+
+    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.remote import lease
+    from cute_diskcache.remote.client import RemoteCache
+    from cute_diskcache.store import Store
+
+    _synthetic(monkeypatch)
+    bound, compile_s = 2.0, 3.0
+    key = make_key("micro")
+    redis_db.set(lease.lease_name("cute-diskcache", key.env.namespace, key.digest), "another-node", px=600_000)
+    t0 = time.monotonic()
+    started: dict[str, float] = {}
+
+    def process(name: str, delay: float) -> None:
+        time.sleep(delay)
+        cache = CompileCache(Store(tmp_path / "node", hmac_key=b"k"), lock_timeout=bound,
+                             remote=RemoteCache(redis_url, timeout=0.5, hmac_key=b"k"))
+
+        def compile_fn() -> str:
+            started[name] = time.monotonic() - t0
+            time.sleep(compile_s)
+            return "compiled"
+
+        cache.get_or_compile(key, compile_fn)
+
+    threads = [threading.Thread(target=process, args=("first", 0.0)), threading.Thread(target=process, args=("second", 0.3))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    print(f"\ncompiles started at {started} (bound {bound} s)")
+    assert started["first"] < bound + 1.0, started  # the lock at once, then the lease's wait: its bound
+    assert started["second"] < 0.3 + bound + 1.0, f"the second process waited past its bound: {started}"

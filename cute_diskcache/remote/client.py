@@ -462,8 +462,10 @@ class RemoteCache:
                     waited = True
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        self._warn_once("lease-wait", "cute-diskcache: %s: waited %.0f s for another node compiling %s %s; compiling it here too",
-                                        self.label, wait, key.site, key.digest[:12])
+                        self._warn_once("lease-wait", "cute-diskcache: %s: another node is compiling %s %s and this miss has waited "
+                                        "its bound (CUTE_DISKCACHE_LOCK_TIMEOUT, %.0f s left of it for the fleet after "
+                                        "the local lock; waited %.1f s here); compiling it here too",
+                                        self.label, key.site, key.digest[:12], wait, time.monotonic() - t0)
                         return None, None
                     time.sleep(min(delay, left))
                     delay = min(delay * lease.POLL_GROWTH, lease.POLL_MAX_S)
