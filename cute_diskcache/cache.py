@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from . import config, devicefacts, entry, eviction, explain, export, loader, locking, report, stats
 from .errors import CacheMissError
 from .key import CacheKey
-from .store import Store
+from .store import Store, side_data_refusal
 
 if TYPE_CHECKING:
     from .remote import LazyRemote
@@ -213,9 +213,8 @@ class CompileCache:
             found = None
         if found is not None:
             manifest, data = found
-            extra = manifest["extra"]
-            if extra_ok is not None and not _accepts(extra_ok, extra):
-                why = entry.EntryError("extra", "its side data is not of the shape this version stores")
+            why = side_data_refusal(manifest["extra"], extra_ok)
+            if why is not None:
                 self._refused[key.digest] = why
                 self.store.note_refusal(self.store.entry_dir(key), why)
                 return None
@@ -331,13 +330,6 @@ class CompileCache:
                    f"(cache {self.store.root}; prewarm it, or set CUTE_DISKCACHE_ON_MISS=compile)")
         log.error("%s", message)
         raise CacheMissError(message, site=key.site, digest=key.digest, reason=why)
-
-
-def _accepts(extra_ok: Callable[[dict[str, Any]], bool], extra: dict[str, Any]) -> bool:
-    try:
-        return bool(extra_ok(extra))
-    except Exception:  # a checker that trips over odd data has answered "no"
-        return False
 
 
 _default: CompileCache | None = None

@@ -521,6 +521,22 @@ class Found(tuple):  # type: ignore[type-arg]
         return found
 
 
+def side_data_refusal(extra: Any, extra_ok: Callable[[dict[str, Any]], bool] | None) -> entry.EntryError | None:
+    """Why an entry's side data (its manifest's ``extra``) is refused by its site's check, or None.
+
+    The one judgement a hit (:meth:`.cache.CompileCache.get_or_compile`) and the deploy gate
+    (:func:`.coverage.inspect`, ``check``) both apply, so the gate never says "ok" of an entry
+    the engine then misses. A checker that trips over odd data has answered "no".
+    """
+    if extra_ok is None:
+        return None
+    try:
+        accepted = bool(extra_ok(extra))
+    except Exception:
+        accepted = False
+    return None if accepted else entry.EntryError("extra", "its side data is not of the shape this version stores")
+
+
 def _role_to_load(manifest: dict[str, Any]) -> str:
     """The payload a hit loads: the linked shared object when there is one and it can be loaded here."""
     if manifest["payloads"].get("shared") and manifest.get("tvm_ffi"):
