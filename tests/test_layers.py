@@ -146,3 +146,65 @@ def test_single_root_has_no_layers(tmp_path: Path, key: CacheKey) -> None:
     store = Store(tmp_path / "top")
     assert store.layers == ()
     assert store.commit(key, FRESH) is not None and store.lookup_or_quarantine(key) is not None
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 29, finding 10: what READ_DIRS holds is said, and only absolute paths are layers
+# --------------------------------------------------------------------------------------------
+
+
+def test_read_dirs_takes_absolute_paths_and_says_what_it_ignores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """XDG's rule for XDG_DATA_DIRS: a relative entry is invalid and ignored (resolved against the
+    working directory, it was another layer in every process started elsewhere); a missing one is
+    kept (a volume may be mounted later) but said, once."""
+    (tmp_path / "relative" / "dir").mkdir(parents=True)
+    baked = tmp_path / "baked"
+    baked.mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(config, "_warned", set())
+    monkeypatch.setenv("CUTE_DISKCACHE_READ_DIRS", f"relative/dir{os.pathsep}{os.pathsep}{baked}{os.pathsep}{tmp_path / 'not-mounted'}")
+    with caplog.at_level(logging.WARNING, logger="cute_diskcache"):
+        for _ in range(2):
+            assert config.load().read_dirs == (baked, tmp_path / "not-mounted")
+    warnings = _warnings(caplog)
+    assert len(warnings) == 2, warnings
+    assert "ignoring 'relative/dir' in CUTE_DISKCACHE_READ_DIRS (not an absolute path)" in warnings[0]
+    assert f"{tmp_path / 'not-mounted'}, which is not a directory here" in warnings[1]
+
+
+_ENGINE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from _helpers import make_artifact, make_key
+from cute_diskcache import cache, export
+export.export = lambda *a, **kw: make_artifact()
+cache.CompileCache._load = lambda self, key, found: "loaded"
+c = cache.default_cache()
+c.warm_up()
+for kind in ("micro", "static"):
+    c.get_or_compile(make_key(kind), lambda: "compiled")
+print(c.counters.hits, c.counters.compiles)
+"""
+
+
+def test_attach_line_and_miss_reason_name_the_layers(tmp_path: Path) -> None:
+    """An engine on an empty volume over a baked layer said "0 entries for this stack" and, at a
+    miss, nothing of the layers: the operator could not tell a layer that is missing, refused or
+    simply lacks the kernel from one that is not configured."""
+    import subprocess
+
+    baked = tmp_path / "baked"
+    assert Store(baked).commit(make_key("micro"), BAKED) is not None
+    missing = tmp_path / "not-mounted"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_DISKCACHE_")}
+    env.update(CUTE_DISKCACHE_DIR=str(tmp_path / "volume"), CUTE_DISKCACHE_READ_DIRS=f"{baked}{os.pathsep}{missing}",
+               CUTE_DISKCACHE_LOG_LEVEL="info")
+    proc = subprocess.run([sys.executable, "-c", _ENGINE, str(Path(__file__).resolve().parent)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["1", "1"], "the micro kernel from the layer, the static one compiled"
+    (attach,) = [ln for ln in proc.stderr.splitlines() if "attached:" in ln]
+    assert f"; read layers: {baked} (" in attach and f"{missing} (missing)" in attach, attach
+    (miss,) = [ln for ln in proc.stderr.splitlines() if "compiling" in ln]
+    assert f"read layers {baked}: no entry; {missing} does not exist" in miss, miss
