@@ -46,7 +46,17 @@ NAMESPACE_GAUGES: tuple[tuple[str, str, str], ...] = (
 
 
 def escape_label(value: str) -> str:
-    """A label value as the exposition format quotes it: backslash, double quote and newline escaped."""
+    """A label value as the exposition format quotes it: backslash, double quote and newline escaped.
+
+    The format is UTF-8. A path's bytes that are not (``os.fsdecode`` keeps them as lone
+    surrogates) are written as ``\\xff``, the way Python shows such bytes: passed on raw they
+    made the whole file invalid, and the collector dropped every series in it.
+    """
+    try:
+        raw = value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate no byte produced
+        raw = value.encode("utf-8", "backslashreplace")
+    value = raw.decode("utf-8", "backslashreplace")
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 

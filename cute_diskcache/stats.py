@@ -14,7 +14,9 @@ process's file, so there is no lock between processes and no lost update.
   exec children do not keep it). A file whose lock can be taken belongs to a process that is
   gone, on any host that shares the volume, whatever its pid or hostname (every Kubernetes pod
   has a new one). :func:`fold` merges the files of gone processes, and earlier folds, into one
-  ``compacted-*`` file, so ``stats/`` holds one file per live process plus one. The merged file
+  ``compacted-*`` file, so ``stats/`` holds one file per live process plus one. ``stats``, a
+  commit's housekeeping, and a process making its file in a crowded ``stats/`` fold
+  (:data:`FOLD_AT`), so a deployment that only hits stays bounded too. The merged file
   names what it absorbed, so a fold killed at any step neither counts twice nor loses counts.
 * A volume that fills: the file's blocks are allocated before they are mapped, so a full disk
   is an error we catch (counts stay in memory, one warning), not a SIGBUS that kills the process.
@@ -75,6 +77,10 @@ _LEGACY_SUFFIX = ".msgpack"
 _COMPACTED = "compacted-"
 #: A previous-format file not rewritten for this long belongs to a process that stopped counting.
 _LEGACY_IDLE_S = 600.0
+#: A process that makes its file folds the finished ones when ``stats/`` holds more than this
+#: many: a deployment that only hits (no commit runs housekeeping) and nobody running ``stats``
+#: kept one file per process ever started (40 processes, 40 files), without bound.
+FOLD_AT = 16
 
 # File format: header, then slots of (namespace, NUL-padded utf-8) + one float64 per field.
 _HEADER = struct.Struct("<8sII")  # magic, fields per slot, slots
@@ -235,6 +241,7 @@ def _open() -> _Mapped | None:
         _file_failed = True
         _degraded(exc)
         return None
+    _fold_if_crowded(folder)
     for ns in list(_memory):  # what was counted before the file existed; what does not fit stays here
         try:
             placed = all(_file.add(ns, _INDEX[f], v) for f, v in _memory[ns].items())  # False at the first field or never
@@ -244,6 +251,18 @@ def _open() -> _Mapped | None:
         if placed:
             del _memory[ns]
     return _file
+
+
+def _fold_if_crowded(folder: Path) -> None:
+    """Fold finished processes' files once ``folder`` holds more than :data:`FOLD_AT` (once per
+    process, as its own file is made: at attach, off the hit path). Never raises."""
+    try:
+        with os.scandir(folder) as it:
+            crowded = sum(1 for e in it if e.name.endswith((_SUFFIX, _LEGACY_SUFFIX)) and not e.name.startswith(".")) > FOLD_AT
+        if crowded:
+            fold(folder.parent)
+    except OSError as exc:
+        log.debug("statistics not folded: %s", exc)
 
 
 def record(namespace: str, field: str, amount: float = 1) -> None:
