@@ -91,6 +91,9 @@ class CompileCache:
         # compile | warn | error: what a miss does (read once: a process's policy does not change under it)
         self.on_miss = on_miss_setting()
         self.miss_level = logging.WARNING  # of the line each compile logs (why it missed)
+        # serve | prewarm: whose lookups the statistics count (prewarm's apart: its compiles are
+        # its job, not misses, and a fresh prewarm must not read as a 5% hit rate)
+        self.counting = "serve"
         self._announced = False
         # digest -> why a verified entry was refused at this process's last lookup (load, extra)
         self._refused: dict[str, BaseException] = {}
@@ -106,9 +109,11 @@ class CompileCache:
     def for_prewarm(self) -> None:
         """A prewarm worker's cache: compiling is its job, whatever ``CUTE_DISKCACHE_ON_MISS``
         says; each compile is logged at DEBUG, and there is no attach line or exit summary
-        (prewarm reports for itself). Call before flashinfer is imported."""
+        (prewarm reports for itself). Its hits and compiles are counted as ``prewarm_*``
+        statistics, apart from serving's hits and misses. Call before flashinfer is imported."""
         self.on_miss = "compile"
         self.miss_level = logging.DEBUG
+        self.counting = "prewarm"
         self._announced = True
 
     def warm_up(self) -> float:
@@ -232,9 +237,12 @@ class CompileCache:
                     self.counters.load_seconds += dt
                     self.counters.saved_seconds += float(manifest["compile_seconds"])
                     self.events.append((key.site, key.digest, "remote-hit" if remote else "hit", dt, 0.0))
-                stats.record(ns, "hits")
-                stats.record(ns, "load_seconds", dt)
-                stats.record(ns, "saved_seconds", float(manifest["compile_seconds"]))
+                if self.counting == "prewarm":
+                    stats.record(ns, "prewarm_hits")
+                else:
+                    stats.record(ns, "hits")
+                    stats.record(ns, "load_seconds", dt)
+                    stats.record(ns, "saved_seconds", float(manifest["compile_seconds"]))
                 if self.store.writable:
                     eviction.touch(self.store.entry_dir(key))
                 log.debug("hit %s %s in %.2f ms", key.site, key.digest[:12], dt * 1e3)
@@ -281,9 +289,13 @@ class CompileCache:
             self.counters.compiles += 1
             self.counters.compile_seconds += seconds
         ns = key.env.namespace
-        stats.record(ns, "misses")
-        stats.record(ns, "compiles")
-        stats.record(ns, "compile_seconds", seconds)
+        if self.counting == "prewarm":
+            stats.record(ns, "prewarm_compiles")
+            stats.record(ns, "prewarm_compile_seconds", seconds)
+        else:
+            stats.record(ns, "misses")
+            stats.record(ns, "compiles")
+            stats.record(ns, "compile_seconds", seconds)
         wrote = False
         t_persist = time.perf_counter()
         if self.store.probe_writable():
