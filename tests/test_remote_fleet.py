@@ -628,3 +628,39 @@ def test_one_bound_for_the_local_lock_and_the_fleet_lease(redis_db: Any, redis_u
     print(f"\ncompiles started at {started} (bound {bound} s)")
     assert started["first"] < bound + 1.0, started  # the lock at once, then the lease's wait: its bound
     assert started["second"] < 0.3 + bound + 1.0, f"the second process waited past its bound: {started}"
+
+
+def test_redis_renewal_after_loss_is_refused(redis_db: Any, redis_url: str) -> None:
+    """What held in the review of issue 29: a holder whose lease expired and was taken over
+    neither extends nor deletes the new holder's lease (Redis' compare-then-act scripts)."""
+    from cute_diskcache.remote.redis_backend import RedisBackend
+
+    backend = RedisBackend(redis_url, timeout=1.0)
+    name = f"cute-diskcache/lease/ns/{os.urandom(8).hex()}"
+    assert backend.lease_acquire(name, "old", 0.3)
+    assert not backend.lease_acquire(name, "new", 5.0), "held"
+    time.sleep(0.5)
+    assert backend.lease_acquire(name, "new", 5.0), "expired: taken over"
+    assert not backend.lease_renew(name, "old", 5.0)
+    backend.lease_release(name, "old")
+    assert redis_db.get(name) == b"new" and redis_db.pttl(name) > 4000
+    assert backend.lease_renew(name, "new", 5.0)
+    backend.lease_release(name, "new")
+    assert not redis_db.exists(name)
+
+
+def test_s3_renewal_after_loss_is_refused(s3_env: Any) -> None:
+    from cute_diskcache.remote.fsspec_backend import FsspecBackend
+
+    _endpoint, _client, url, aws = s3_env
+    os.environ.update(aws)
+    backend = FsspecBackend(url, timeout=2.0)
+    name = f"cute-diskcache/lease/ns/{os.urandom(8).hex()}"
+    assert backend.lease_acquire(name, "old", 0.4)
+    time.sleep(0.6)
+    assert backend.lease_acquire(name, "new", 5.0), "expired: taken over"
+    assert not backend.lease_renew(name, "old", 5.0)
+    backend.lease_release(name, "old")
+    assert backend._current(name)[0] == "new"  # type: ignore[index]
+    backend.lease_release(name, "new")
+    assert not backend.exists(name)

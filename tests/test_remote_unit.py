@@ -486,3 +486,67 @@ def test_cli_push_pull_and_stats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert "(not configured now)" in capsys.readouterr().out, "what was counted still shows"
     assert cli.main(["--root", str(tmp_path / "fresh"), "stats"]) == 0
     assert "remote" not in capsys.readouterr().out, "no remote lines without a remote or remote activity"
+
+
+# --------------------------------------------------------------------------------------------
+# What held in the review of issue 29: forged .hit values never load
+# --------------------------------------------------------------------------------------------
+
+
+def _forge(hit: bytes, how: str) -> bytes:
+    import hashlib
+
+    d = msgpack.unpackb(hit, raw=False)
+    files = d["files"]
+    outer = msgpack.unpackb(files[entry.MANIFEST], raw=False)
+    if how == "unsigned":
+        outer.pop("hmac")
+        files[entry.MANIFEST] = msgpack.packb(outer, use_bin_type=True)
+    elif how == "another key":
+        files[entry.MANIFEST] = entry.pack_manifest(msgpack.unpackb(outer["body"], raw=False), hmac_key=b"attacker")
+    elif how == "payload swapped":
+        for name in files:
+            if name != entry.MANIFEST:
+                files[name] = b"\x7fELF evil" + files[name][9:]
+    elif how == "new payload, sealed without key":
+        body = msgpack.unpackb(outer["body"], raw=False)
+        evil = b"\x7fELF evil!"
+        name = f"object-{hashlib.sha256(evil).hexdigest()[:16]}.o"
+        body["payloads"]["object"] = [{"file": name, "size": len(evil), "sha256": hashlib.sha256(evil).hexdigest()}]
+        body["payloads"].pop("shared", None)
+        d["files"] = {entry.MANIFEST: entry.pack_manifest(body), name: evil}
+    elif how == "hmac as bytes":
+        outer["hmac"] = outer["hmac"].encode()
+        files[entry.MANIFEST] = msgpack.packb(outer, use_bin_type=True)
+    return msgpack.packb(d, use_bin_type=True)
+
+
+@pytest.mark.parametrize("whole", ["absent", "forged too"])
+@pytest.mark.parametrize("how", ["unsigned", "another key", "payload swapped", "new payload, sealed without key", "hmac as bytes"])
+def test_forged_hit_value_is_never_loaded_by_a_signing_node(tmp_path: Path, memory_url: str, how: str, whole: str) -> None:
+    """The review's 10 forgeries of a ``.hit`` value (and of the whole entry beside it): with a
+    key set, each is a miss and nothing of it enters the local root."""
+    key = make_key("micro")
+    src = commit(tmp_path / "src", key, hmac_key=b"K")
+    _whole, hit = blob.pack_both(src, hmac_key=b"K")
+    rc = RemoteCache(memory_url, hmac_key=b"K")
+    backend = rc.backend()
+    name = rc.name(key.env.namespace, key.digest)
+    forged = _forge(hit, how)
+    backend.put(blob.hit_object_name(rc.prefix, key.env.namespace, key.digest), forged, only_if_absent=False)  # type: ignore[union-attr]
+    if whole == "forged too":
+        backend.put(name, forged, only_if_absent=False)  # type: ignore[union-attr]
+    node = Store(tmp_path / "node", hmac_key=b"K")
+    assert rc.fetch(key, node) is None
+    assert rc.flush(5) and node.lookup_or_quarantine(key) is None and not list(layout.entry_dirs(tmp_path / "node"))
+
+
+def test_unforged_hit_value_loads(tmp_path: Path, memory_url: str) -> None:
+    """The guard of the forgeries above: the same value, untouched, is a remote hit."""
+    key = make_key("micro")
+    src = commit(tmp_path / "src", key, hmac_key=b"K")
+    _whole, hit = blob.pack_both(src, hmac_key=b"K")
+    rc = RemoteCache(memory_url, hmac_key=b"K")
+    rc.backend().put(blob.hit_object_name(rc.prefix, key.env.namespace, key.digest), hit, only_if_absent=False)  # type: ignore[union-attr]
+    found = rc.fetch(key, Store(tmp_path / "node", hmac_key=b"K"))
+    assert found is not None and rc.counters.remote_hits == 1
