@@ -99,17 +99,17 @@ SETTINGS_DOC: dict[str, tuple[str, str, str]] = {
         "CUTE_DISKCACHE_TRUST_GROUP",
         "unset",
         "A group (gid or name) whose members are trusted writers, narrower than TRUST_SHARED: a level that group may "
-        "write, or that it owns, is used; one others may write, or another group, is still refused. For a Kubernetes "
-        "fsGroup volume (group-owned, setgid, mode 2775): set it to the fsGroup. Directories we create get that group "
-        "and mode 2775.",
+        "write, or that it owns, is used; one others may write, another group, or a POSIX ACL entry for anyone else, is "
+        "still refused. For a Kubernetes fsGroup volume (group-owned, setgid, mode 2775): set it to the fsGroup. "
+        "Directories we create get that group and mode 2775. Not a gid below 4294967295 nor a known name: no group, one warning.",
     ),
     "read_dirs": (
         "CUTE_DISKCACHE_READ_DIRS",
         "unset",
         "Colon-separated read-only cache roots looked up after CUTE_DISKCACHE_DIR, in order (as XDG_DATA_DIRS after "
         "XDG_DATA_HOME): an image-baked cache under a writable volume. A hit is loaded from the layer that has it; "
-        "new entries go to CUTE_DISKCACHE_DIR; a layer is never written or quarantined. stats/list/verify see "
-        "CUTE_DISKCACHE_DIR only.",
+        "new entries go to CUTE_DISKCACHE_DIR; a layer is never written or quarantined. Absolute paths only (a relative "
+        "one is ignored, with one warning); a missing one is said once. stats/list/verify see CUTE_DISKCACHE_DIR only.",
     ),
     "hmac_key": (
         "CUTE_DISKCACHE_HMAC_KEY",
