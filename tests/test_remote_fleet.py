@@ -531,13 +531,14 @@ def test_s3_409_conflict_is_a_held_lease_not_a_dead_remote(s3_env: Any, tmp_path
     _endpoint, _client, url, aws = s3_env
     os.environ.update(aws)
     key = make_key("micro")
-    lname = lease.lease_name("cute-diskcache", key.env.namespace, key.digest)
+    prefix = f"t409-{os.urandom(4).hex()}"  # this test's own: the module's fleets published this key under the default one
+    lname = lease.lease_name(prefix, key.env.namespace, key.digest)
     holder = FsspecBackend(url, timeout=2.0)
     assert holder.lease_acquire(lname, "holder", 60.0)
     try:
         backend = FsspecBackend(url, timeout=2.0)
         conflicts = _conflicting(monkeypatch, backend, lambda kw: kw.get("IfNoneMatch") == "*")
-        waiter = RemoteCache(url, timeout=2.0, hmac_key=b"k", backend=backend)
+        waiter = RemoteCache(url, prefix=prefix, timeout=2.0, hmac_key=b"k", backend=backend)
         t0 = time.monotonic()
         found, held = waiter.fetch_or_lease(key, Store(tmp_path / "w", hmac_key=b"k"), wait=1.5)
         waited = time.monotonic() - t0
