@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from . import as_compiled, config, devicefacts, entry, eviction, explain, export, loader, locking, report, stats
 from .errors import CacheMissError
 from .key import CacheKey
-from .store import Store
+from .store import Store, side_data_refusal
 
 if TYPE_CHECKING:
     from .remote import LazyRemote
@@ -87,7 +87,7 @@ class CompileCache:
         self.single_flight = single_flight
         self.lock_timeout = lock_timeout
         self.counters = Counters()
-        stats.bind(store.root if store.writable else None, shared=store.trust_shared)
+        stats.bind(store.root if store.writable else None, shared=store.trust_shared, group=store.trust_group)
         # (site, digest, "hit" | "miss", seconds, persist seconds), in order: what the bench
         # and tests read. seconds is the load (hit) or the compile (miss); persist seconds is
         # the export + write a miss added on top of its compile.
@@ -96,6 +96,9 @@ class CompileCache:
         # compile | warn | error: what a miss does (read once: a process's policy does not change under it)
         self.on_miss = on_miss_setting()
         self.miss_level = logging.WARNING  # of the line each compile logs (why it missed)
+        # serve | prewarm: whose lookups the statistics count (prewarm's apart: its compiles are
+        # its job, not misses, and a fresh prewarm must not read as a 5% hit rate)
+        self.counting = "serve"
         self._announced = False
         # digest -> why a verified entry was refused at this process's last lookup (load, extra)
         self._refused: dict[str, BaseException] = {}
@@ -111,9 +114,11 @@ class CompileCache:
     def for_prewarm(self) -> None:
         """A prewarm worker's cache: compiling is its job, whatever ``CUTE_DISKCACHE_ON_MISS``
         says; each compile is logged at DEBUG, and there is no attach line or exit summary
-        (prewarm reports for itself). Call before flashinfer is imported."""
+        (prewarm reports for itself). Its hits and compiles are counted as ``prewarm_*``
+        statistics, apart from serving's hits and misses. Call before flashinfer is imported."""
         self.on_miss = "compile"
         self.miss_level = logging.DEBUG
+        self.counting = "prewarm"
         self._announced = True
 
     def warm_up(self) -> float:
@@ -158,6 +163,8 @@ class CompileCache:
 
         A miss compiles under the key's single-flight lock when the store can write: once we
         hold it, whoever held it before us has finished, so the store is read again first.
+        ``lock_timeout`` bounds the whole wait: the local lock's, then what is left of it for
+        another node's fleet lease.
         Housekeeping that a commit made due runs after the lock is released.
 
         ``CUTE_DISKCACHE_ON_MISS=error`` (:attr:`on_miss`): a local miss raises
@@ -186,7 +193,10 @@ class CompileCache:
                         return hit
                 if self.remote is not None:
                     # Fleet-wide single-flight (remote.lease): the entry, or this node's lease to compile it.
-                    with self.remote.flight(key, self.store, self.lock_timeout):
+                    # One bound for the whole wait (docs/fleets.md): what the local lock took is
+                    # not given again to the fleet's lease (a timed-out local wait waited twice).
+                    left = max(0.0, self.lock_timeout - flight.waited_seconds)
+                    with self.remote.flight(key, self.store, left):
                         hit = self._try_hit(key, remote=True, extra_ok=extra_ok)
                         if hit is not None:
                             return hit
@@ -213,9 +223,8 @@ class CompileCache:
             found = None
         if found is not None:
             manifest, data = found
-            extra = manifest["extra"]
-            if extra_ok is not None and not _accepts(extra_ok, extra):
-                why = entry.EntryError("extra", "its side data is not of the shape this version stores")
+            why = side_data_refusal(manifest["extra"], extra_ok)
+            if why is not None:
                 self._refused[key.digest] = why
                 self.store.note_refusal(self.store.entry_dir(key), why)
                 return None
@@ -233,9 +242,12 @@ class CompileCache:
                     self.counters.load_seconds += dt
                     self.counters.saved_seconds += float(manifest["compile_seconds"])
                     self.events.append((key.site, key.digest, "remote-hit" if remote else "hit", dt, 0.0))
-                stats.record(ns, "hits")
-                stats.record(ns, "load_seconds", dt)
-                stats.record(ns, "saved_seconds", float(manifest["compile_seconds"]))
+                if self.counting == "prewarm":
+                    stats.record(ns, "prewarm_hits")
+                else:
+                    stats.record(ns, "hits")
+                    stats.record(ns, "load_seconds", dt)
+                    stats.record(ns, "saved_seconds", float(manifest["compile_seconds"]))
                 if self.store.writable:
                     eviction.touch(self.store.entry_dir(key))
                 log.debug("hit %s %s in %.2f ms", key.site, key.digest[:12], dt * 1e3)
@@ -283,7 +295,8 @@ class CompileCache:
             with self._lock:
                 self.counters.misses += 1
                 self.events.append((key.site, key.digest, "failed", time.perf_counter() - t0, 0.0))
-            stats.record(ns, "misses")
+            if self.counting != "prewarm":
+                stats.record(ns, "misses")
             raise
         seconds = time.perf_counter() - t0
         extra = extra_fn(kernel) if extra_fn is not None else {}
@@ -291,9 +304,13 @@ class CompileCache:
             self.counters.misses += 1
             self.counters.compiles += 1
             self.counters.compile_seconds += seconds
-        stats.record(ns, "misses")
-        stats.record(ns, "compiles")
-        stats.record(ns, "compile_seconds", seconds)
+        if self.counting == "prewarm":
+            stats.record(ns, "prewarm_compiles")
+            stats.record(ns, "prewarm_compile_seconds", seconds)
+        else:
+            stats.record(ns, "misses")
+            stats.record(ns, "compiles")
+            stats.record(ns, "compile_seconds", seconds)
         wrote = False
         t_persist = time.perf_counter()
         if self.store.probe_writable():
@@ -340,13 +357,6 @@ class CompileCache:
                    f"(cache {self.store.root}; prewarm it, or set CUTE_DISKCACHE_ON_MISS=compile)")
         log.error("%s", message)
         raise CacheMissError(message, site=key.site, digest=key.digest, reason=why)
-
-
-def _accepts(extra_ok: Callable[[dict[str, Any]], bool], extra: dict[str, Any]) -> bool:
-    try:
-        return bool(extra_ok(extra))
-    except Exception:  # a checker that trips over odd data has answered "no"
-        return False
 
 
 _default: CompileCache | None = None

@@ -277,7 +277,7 @@ def _read_regular(path: Path, limit: int, owner: int | None = None) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise EntryError("unreadable", f"{path.name} is not a regular file")
-        why = trust.file_refusal(path, st, owner)
+        why = trust.file_refusal(path, st, owner, fd)
         if why is not None:
             raise EntryError("untrusted", why)
         chunks: list[bytes] = []

@@ -87,6 +87,7 @@ class Kernel:
     error: str | None = None
     group: str = "moe"  # moe | dense
     call: dict[str, Any] | None = None  # dense: the call that requests it (:mod:`.prewarm_dense`)
+    extra_ok: Any = None  # the site's check of an entry's side data, which a hit applies (ours only)
 
     def job(self) -> dict[str, Any]:
         """What a worker is sent to request this kernel again."""
@@ -145,7 +146,7 @@ def plan(shape: Any, ms: list[int], max_num_tokens: int, functional: bool = Fals
             raise NotImplementedError(f"no exact offline plan: {d.offline_limit}")
         for req, recipe, m in flashinfer_sites.planned_requests(requested, _calls(d, ms, functional), tick(progress, kernels)):
             k = kernels.setdefault(req["digest"], Kernel(req["digest"], req["kind"], native=bool(req.get("native")),
-                                                         key=req.get("key"), recipe=recipe))
+                                                         key=req.get("key"), recipe=recipe, extra_ok=req.get("extra_ok")))
             if req.get("native"):
                 k.path = req.get("path")
             if req.get("cached"):  # native: flashinfer's cache already has it
@@ -172,8 +173,10 @@ def _entry_size(path: Path) -> int:
 
 def mark_cached(kernels: dict[str, Kernel]) -> None:
     """Flag kernels the serving engine would hit: the store's own lookup, with every check
-    serving applies (trust, links, environment, arch, host CPU, checksums), no load."""
+    serving applies (trust, links, environment, arch, host CPU, checksums, the site's side
+    data), no load."""
     from .cache import default_cache
+    from .store import side_data_refusal
 
     store = default_cache().store
     for k in kernels.values():
@@ -181,7 +184,8 @@ def mark_cached(kernels: dict[str, Kernel]) -> None:
             if k.status == "cached" and k.path and os.path.isfile(k.path):
                 k.bytes = os.path.getsize(k.path)
             continue
-        if k.key is not None and store.lookup_or_quarantine(k.key) is not None:
+        found = store.lookup_or_quarantine(k.key) if k.key is not None else None
+        if found is not None and side_data_refusal(found[0]["extra"], k.extra_ok) is None:
             k.status, k.bytes = "cached", _entry_size(store.entry_dir(k.key))
 
 

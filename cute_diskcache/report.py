@@ -57,8 +57,8 @@ def attached(cache: Any) -> None:
         store = cache.store
         count, stack = entries_for_this_stack(Path(store.root))
         noun = "entry" if count == 1 else "entries"
-        log.info("attached: cache %s (%s), %d %s for this stack (%s); on a miss: %s",
-                 store.root, _access(store), count, noun, stack, cache.on_miss)
+        log.info("attached: cache %s (%s), %d %s for this stack (%s)%s; on a miss: %s",
+                 store.root, _access(store), count, noun, stack, _layers(store), cache.on_miss)
     except Exception as exc:  # a log line must never cost the engine
         log.debug("attach line skipped: %s: %s", type(exc).__name__, exc)
 
@@ -79,6 +79,26 @@ def _access(store: Any) -> str:
     if not os.access(level, os.W_OK | os.X_OK):
         return "read-only: no write permission" if level == Path(store.root) else f"read-only: cannot create it in {level}"
     return "writable"
+
+
+def _layers(store: Any) -> str:
+    """``; read layers: /opt/cute-diskcache (89 entries)``: the read-only roots looked up after
+    this one (``CUTE_DISKCACHE_READ_DIRS``), each with what it holds for this stack, or why it
+    serves nothing (missing, refused); empty without layers. A baked layer under an empty
+    volume is where the hits come from: the root's own count alone read as an empty cache."""
+    layers = getattr(store, "layers", ())
+    if not layers:
+        return ""
+    parts = []
+    for layer in layers:
+        if not Path(layer.root).is_dir():
+            parts.append(f"{layer.root} (missing)")
+        elif not layer.trusted:
+            parts.append(f"{layer.root} (refused: {layer._refusal})")
+        else:
+            n = entries_for_this_stack(Path(layer.root))[0]
+            parts.append(f"{layer.root} ({n} {'entry' if n == 1 else 'entries'})")
+    return f"; read layer{'s' if len(parts) != 1 else ''}: {', '.join(parts)}"
 
 
 def entries_for_this_stack(root: Path) -> tuple[int, str]:

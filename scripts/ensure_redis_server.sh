@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The remote-tier tests (tests/test_remote_redis.py) start their own redis-server on a free
-# loopback port and fail without the binary. Install Debian's package when it is missing;
-# nothing else is started or configured here. Idempotent.
+# The Debian tools the suite needs and does not pip-install: redis-server (tests/test_remote_redis.py
+# and the fleet tests start their own on a free loopback port and fail without the binary) and
+# setfacl (the acl package: tests/test_deploy_trust.py sets real POSIX ACLs on a trust-group
+# volume). Installs what is missing; nothing else is started or configured here. Idempotent.
 set -euo pipefail
-command -v redis-server >/dev/null && exit 0
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v setfacl >/dev/null || missing+=(acl)
+[ ${#missing[@]} -eq 0 ] && exit 0
 sudo=""
 [ "$(id -u)" = 0 ] || sudo="sudo"
 $sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
-command -v redis-server >/dev/null
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+command -v redis-server >/dev/null && command -v setfacl >/dev/null

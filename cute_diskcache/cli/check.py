@@ -3,7 +3,8 @@
 Plans the model exactly as ``prewarm --dry-run`` does (the same flags, the same code:
 :func:`~cute_diskcache.prewarm.plan_model`), then asks for each planned kernel what a serving
 process here would find (:func:`~cute_diskcache.coverage.inspect`: trust, seal, signature, key,
-arch, environment, host CPU, device facts, checksums), reading only. Exit 0 when every kernel
+arch, environment, host CPU, device facts, checksums, and the site's check of the entry's side
+data, the one judgement a hit applies), reading only. Exit 0 when every kernel
 would be a hit; 1 with a table of what is missing or unusable and why; 2 when the model or the
 flags cannot be planned. The planning imports flashinfer and drives it in this process with the
 cache read-only (``CUTE_DISKCACHE_READONLY``), so not even a statistics file is written.
@@ -68,7 +69,7 @@ def judge(kernels: dict[str, prewarm.Kernel], dense: Any = None) -> list[dict[st
         elif k.key is None:
             found = coverage.Finding(coverage.MISSING, "planned without a key")
         else:
-            found = coverage.inspect(store, k.key)
+            found = coverage.inspect(store, k.key, extra_ok=k.extra_ok)
         rows.append({"kernel": k.kind, "group": k.group, "digest": k.digest, "site": getattr(k.key, "site", None),
                      "namespace": k.key.env.namespace if k.key is not None else None, "where": _where(k, dense),
                      "ms": sorted(set(k.ms)), "status": found.status, "why": found.why, "cpu_lacks": found.cpu_lacks,
