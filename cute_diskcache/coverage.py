@@ -80,7 +80,7 @@ def _inspect_one(store: Store, key: CacheKey) -> Finding | None:
         return Finding(OK, found_in=str(store.root), extra=dict(verdict[0].get("extra") or {}))
     exc = verdict.error
     if exc.reason == "host-cpu" and verdict.manifest is not None:
-        lacking = hostcpu.missing(verdict.manifest.get("host_isa") or [])
+        lacking = hostcpu.missing(verdict.manifest.get("host_isa") or [], machine=(verdict.manifest.get("env") or {}).get("machine"))
         return Finding(UNUSABLE, f"host CPU lacks {', '.join(lacking)} (the entry was built on a CPU with them)", lacking)
     if exc.reason in ("link", "untrusted"):
         return Finding(UNUSABLE, f"refused: {exc.detail}")

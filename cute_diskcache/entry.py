@@ -158,7 +158,7 @@ def build_manifest(key: CacheKey, art: Artifact, payloads: dict[str, list[dict[s
         "created": time.time(),
         "host": socket.gethostname(),
         "writer": f"cute-diskcache {_version.__version__}",
-        "host_isa": list(hostcpu.isa_extensions()),
+        "host_isa": list(hostcpu.recorded()),
         "device": art.device,
         "extra": art.extra,
     }
@@ -405,7 +405,7 @@ def verify(entry_dir: Path, manifest: dict[str, Any], key: CacheKey | None, *, o
             raise EntryError("stale", f"environment differs in {', '.join(diff) or 'digest'}")
         if manifest["key_bytes"] != key.key_bytes or manifest["digest"] != key.digest:
             raise EntryError("foreign", "entry holds another key")
-        lacking = hostcpu.missing(manifest.get("host_isa") or [])
+        lacking = hostcpu.missing(manifest.get("host_isa") or [], machine=theirs.get("machine"))
         if lacking:
             raise EntryError("host-cpu", f"built on a CPU with {', '.join(lacking[:6])}, which this CPU lacks")
         why = devicefacts.mismatch(manifest["device"])
