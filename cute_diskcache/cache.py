@@ -100,6 +100,10 @@ class CompileCache:
         # its job, not misses, and a fresh prewarm must not read as a 5% hit rate)
         self.counting = "serve"
         self._announced = False
+        # A rank of an engine whose ranks were not set up at attach says its attach line at its
+        # first request (:func:`.report.attached`); which rank this process is, once known.
+        self.attach_line_due = False
+        self.ranks: Any = None
         # digest -> why a verified entry was refused at this process's last lookup (load, extra)
         self._refused: dict[str, BaseException] = {}
 
@@ -171,6 +175,8 @@ class CompileCache:
         :class:`~.errors.CacheMissError` instead, before any lock, remote fetch or compile.
         """
         self._announce()
+        if self.attach_line_due:
+            report.first_request(self)
         hit = self._try_hit(key, extra_ok=extra_ok)
         if hit is not None:
             return hit
