@@ -34,6 +34,8 @@ import threading
 import zlib
 from typing import Any, Callable
 
+import msgpack
+
 log = logging.getLogger("cute_diskcache")
 
 #: Runtime state a new object starts afresh (locks, executors) or that the hit supplies (the function).
@@ -143,7 +145,10 @@ def describe(kernel: Any) -> dict[str, Any] | None:
         except NotPlain:
             unknown.append(name)
     mode = "function" if _is_tvm_ffi_function(cls) else "keywords" if "_kwargs_wrapper" in vars(kernel) else "cute-abi"
-    return {"class": [cls.__module__, cls.__qualname__], "state": state, "unknown": sorted(unknown),
+    scalars = {k: v for k, v in state.items() if not isinstance(v, dict)}
+    records = {k: v for k, v in state.items() if isinstance(v, dict)}
+    return {"class": [cls.__module__, cls.__qualname__], "state": scalars, "unknown": sorted(unknown),
+            "records": sorted(records), "records_z": zlib.compress(msgpack.packb(records, use_bin_type=True), 6),
             "signature": _signature_bytes(kernel), "remade": sorted(n for n in _REMADE if n in vars(kernel)), "mode": mode}
 
 
@@ -168,6 +173,7 @@ def valid(result: Any) -> bool:
     """Side data from disk has the shape :func:`describe` writes."""
     return (isinstance(result, dict) and isinstance(result.get("class"), list) and len(result["class"]) == 2
             and all(isinstance(p, str) for p in result["class"]) and isinstance(result.get("state"), dict)
+            and isinstance(result.get("records"), list) and isinstance(result.get("records_z"), bytes)
             and isinstance(result.get("unknown"), list) and isinstance(result.get("remade"), list)
             and result.get("mode") in _MODES and isinstance(result.get("signature"), (bytes, type(None))))
 
@@ -236,12 +242,12 @@ class _Lazy:
         return sorted({*super().__dir__(), *self.__dict__.get("_cdc_remade", ()), *self.__dict__.get("_cdc_pending", ())})
 
     def __getattr__(self, name: str) -> Any:  # only for names the instance does not have
-        pending = self.__dict__.get("_cdc_pending")
-        encoded = pending.get(name) if pending else None
-        if encoded is not None:  # a record of the compile's state, decoded on first use
-            value = self.__dict__[name] = _decode(encoded)
-            pending.pop(name, None)  # after it is set: a thread reading it meanwhile decodes it too
-            return value
+        state = self.__dict__
+        if name in state.get("_cdc_pending", ()):  # the compile's records, unpacked when one is first read
+            for key, encoded in msgpack.unpackb(zlib.decompress(state["_cdc_records_z"]), raw=False).items():
+                state.setdefault(key, _decode(encoded))  # a thread that got here first keeps its objects
+            state["_cdc_pending"] = frozenset()
+            return state[name]
         if name in _MAKERS and name in self.__dict__.get("_cdc_remade", ()):
             value = _MAKERS[name](self)
             self.__dict__[name] = value
@@ -295,16 +301,14 @@ def rebuild(loaded: Any, result: dict[str, Any], wrapper: Callable[..., Any] | N
         for name, make in _FRESH.items():
             state[name] = make()
         remade = result["remade"]
-    pending = {}
     for name, value in result["state"].items():
-        if mode == "cute-abi" and name in _LOADERS:
-            continue
-        if isinstance(value, dict):  # a container or record: decoded when first read (most never are)
-            state.pop(name, None)
-            pending[name] = value
-        else:
+        if mode != "cute-abi" or name not in _LOADERS:
             state[name] = value
+    pending = frozenset(n for n in result["records"] if mode != "cute-abi" or n not in _LOADERS)
+    for name in pending:  # containers and records: unpacked when one is first read (most never are)
+        state.pop(name, None)
     state["_cdc_pending"] = pending
+    state["_cdc_records_z"] = result["records_z"]
     state["_cdc_payloads"] = payloads
     state["_cdc_signature"] = result["signature"]
     state["_cdc_remade"] = frozenset(remade)
