@@ -247,7 +247,7 @@ OUTSIDER = 3000  # a backup or log agent: no member of FS_GROUP
 
 
 def _setfacl(*args: str) -> None:
-    """A real POSIX ACL, as an operator sets one (Debian's ``acl`` package: scripts/ensure_redis_server.sh)."""
+    """A real POSIX ACL, as an operator sets one (Debian's ``acl`` package: scripts/ensure_test_tools.sh)."""
     exe = shutil.which("setfacl")
     assert exe is not None, "setfacl is not installed (apt-get install acl; .ci/run installs it)"
     subprocess.run([exe, *args], check=True, capture_output=True)

@@ -34,7 +34,7 @@ def code(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from fleet import KERNEL  # bench/fleet.py's small kernel
 
     if shutil.which("redis-server") is None:
-        pytest.fail("redis-server is not installed (scripts/ensure_redis_server.sh)")
+        pytest.fail("redis-server is not installed (scripts/ensure_test_tools.sh)")
     d = tmp_path_factory.mktemp("fleet-faults-code")
     (d / "cdc_fleet_kernel.py").write_text(KERNEL)
     return d
