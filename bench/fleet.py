@@ -23,18 +23,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from loopback import free_port, start_redis  # noqa: E402  (bench/, beside this script)
+from loopback import free_port, stack_meta, start_redis  # noqa: E402  (bench/, beside this script)
 
 RESULTS = Path(__file__).parent / "results"
 BUCKET = "cdc-bench-fleet"
@@ -331,12 +329,8 @@ def main() -> int:
             redis_proc.wait(10)
             moto.stop()
     total = time.perf_counter() - t_all
-    load = os.getloadavg()
     meta = dict(
-        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        machine=f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, no GPU; shared with other work (load average {load[0]:.1f} at the end)",
-        flashinfer=version("flashinfer-python"), dsl=version("nvidia-cutlass-dsl"), redis_py=version("redis"), s3fs=version("s3fs"),
-        moto=version("moto"), redis_server=subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2],
+        **stack_meta("shared with other work"),
         nodes=args.nodes, runs=args.runs, bench_seconds=total,
     )
     kernel_words = ("flashinfer's MoE micro kernel, m=1" if args.kernel == "micro" else "a small cached_compile kernel")

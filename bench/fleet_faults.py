@@ -41,7 +41,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -49,14 +48,13 @@ import sys
 import tempfile
 import textwrap
 import time
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fleet import KERNEL, _aws  # noqa: E402  (the kernel and the moto credentials bench/fleet.py uses)
-from loopback import free_port, start_redis  # noqa: E402
+from loopback import free_port, stack_meta, start_redis  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 BUCKET = "cdc-bench-faults"
@@ -360,12 +358,8 @@ def main() -> int:
     t0 = time.perf_counter()
     rows = matrix(args.stores, args.faults, args.nodes, ttl=args.ttl, stretch=args.stretch)
     total = time.perf_counter() - t0
-    load = os.getloadavg()
     meta = dict(
-        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        machine=f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, no GPU; load average {load[0]:.1f} at the end",
-        flashinfer=version("flashinfer-python"), dsl=version("nvidia-cutlass-dsl"), redis_py=version("redis"), s3fs=version("s3fs"),
-        moto=version("moto"), redis_server=subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2],
+        **stack_meta(),
         nodes=args.nodes, ttl_s=args.ttl, stretch_s=args.stretch, lock_timeout_s=LOCK_TIMEOUT_S, remote_timeouts=TIMEOUTS,
         pause_s=PAUSE_S, conflicts=CONFLICTS, bench_seconds=total,
     )

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import shutil
 import socket
 import subprocess
 import time
+from importlib.metadata import version
 from pathlib import Path
 
 
@@ -33,3 +36,15 @@ def start_redis(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
             time.sleep(0.05)
     proc.kill()
     raise SystemExit("redis-server did not start")
+
+
+def stack_meta(machine_note: str = "") -> dict[str, str]:
+    """When, where and on which stack a fleet bench ran: the header both fleet benches write."""
+    load = os.getloadavg()
+    note = f"{machine_note} " if machine_note else ""
+    return dict(
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        machine=f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, no GPU; {note}load average {load[0]:.1f} at the end",
+        flashinfer=version("flashinfer-python"), dsl=version("nvidia-cutlass-dsl"), redis_py=version("redis"), s3fs=version("s3fs"),
+        moto=version("moto"), redis_server=subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2],
+    )

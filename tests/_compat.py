@@ -1,4 +1,4 @@
-"""What the compatibility tests share: the matrix script as a module, and where its venvs live.
+"""What the compatibility tests share: the matrix script (and the other scripts) as modules, and where its venvs live.
 
 ``scripts/compat_matrix.py`` builds the venvs (one per flashinfer x DSL cell, plus vLLM's) and
 proves cells; the tests call it rather than keeping a second copy of that logic. The venvs go
@@ -16,16 +16,21 @@ from types import ModuleType
 REPO = Path(__file__).resolve().parent.parent
 
 
-def matrix() -> ModuleType:
-    """scripts/compat_matrix.py, imported once (it is a script, not part of the package)."""
-    module = sys.modules.get("compat_matrix")
+def script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` imported once as a module (scripts are not part of the package)."""
+    module = sys.modules.get(name)
     if module is None:
-        spec = importlib.util.spec_from_file_location("compat_matrix", REPO / "scripts" / "compat_matrix.py")
+        spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
-        sys.modules["compat_matrix"] = module  # dataclasses look their module up by name
+        sys.modules[name] = module  # dataclasses look their module up by name
         spec.loader.exec_module(module)
     return module
+
+
+def matrix() -> ModuleType:
+    """scripts/compat_matrix.py."""
+    return script("compat_matrix")
 
 
 SCRATCH: Path = matrix().DEFAULT_SCRATCH

@@ -263,16 +263,9 @@ def test_network_volume_read_only_or_full_keeps_serving_with_one_warning(image: 
 
 
 def _emulation() -> Any:
-    import importlib.util
+    from _compat import script
 
-    module = sys.modules.get("emulated_aarch64")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("emulated_aarch64", PAGE.parents[1] / "scripts" / "emulated_aarch64.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["emulated_aarch64"] = module
-        spec.loader.exec_module(module)
-    return module
+    return script("emulated_aarch64")
 
 
 def test_dgx_spark_image_built_on_x86_serves_an_aarch64_engine(hook: Path, sandbox: Path) -> None:

@@ -550,13 +550,17 @@ def test_s3_409_conflict_is_a_held_lease_not_a_dead_remote(s3_env: Any, tmp_path
         holder.lease_release(lname, "holder")
 
 
-def test_s3_renewal_that_meets_a_409_tries_again(s3_env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def _s3_lease(s3_env: Any) -> tuple[Any, str]:
+    """A backend on moto's S3 and a lease name of its own (the lease tests share the bucket)."""
     from cute_diskcache.remote.fsspec_backend import FsspecBackend
 
     _endpoint, _client, url, aws = s3_env
     os.environ.update(aws)
-    backend = FsspecBackend(url, timeout=2.0)
-    name = f"cute-diskcache/lease/ns/{os.urandom(8).hex()}"
+    return FsspecBackend(url, timeout=2.0), f"cute-diskcache/lease/ns/{os.urandom(8).hex()}"
+
+
+def test_s3_renewal_that_meets_a_409_tries_again(s3_env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    backend, name = _s3_lease(s3_env)
     assert backend.lease_acquire(name, "h", 5.0)
     conflicts = _conflicting(monkeypatch, backend, lambda kw: "IfMatch" in kw, times=1)
     assert backend.lease_renew(name, "h", 5.0) is True and conflicts[0] == 1, "one 409, then renewed: not 'lost'"
@@ -571,12 +575,7 @@ def test_s3_renewal_defeats_a_takeover_read_before_it(s3_env: Any) -> None:
     """Finding 11: a node reads the lease as expired; the holder renews; the node's If-Match with
     the ETag it read must lose (every renewal writes a new body, so a new ETag). Before, a renewal
     kept the ETag and both nodes compiled."""
-    from cute_diskcache.remote.fsspec_backend import FsspecBackend
-
-    _endpoint, _client, url, aws = s3_env
-    os.environ.update(aws)
-    backend = FsspecBackend(url, timeout=2.0)
-    name = f"cute-diskcache/lease/ns/{os.urandom(8).hex()}"
+    backend, name = _s3_lease(s3_env)
     assert backend.lease_acquire(name, "holder", 0.5)
     time.sleep(0.7)
     stale = backend._current(name)
@@ -651,12 +650,7 @@ def test_redis_renewal_after_loss_is_refused(redis_db: Any, redis_url: str) -> N
 
 
 def test_s3_renewal_after_loss_is_refused(s3_env: Any) -> None:
-    from cute_diskcache.remote.fsspec_backend import FsspecBackend
-
-    _endpoint, _client, url, aws = s3_env
-    os.environ.update(aws)
-    backend = FsspecBackend(url, timeout=2.0)
-    name = f"cute-diskcache/lease/ns/{os.urandom(8).hex()}"
+    backend, name = _s3_lease(s3_env)
     assert backend.lease_acquire(name, "old", 0.4)
     time.sleep(0.6)
     assert backend.lease_acquire(name, "new", 5.0), "expired: taken over"

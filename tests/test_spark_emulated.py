@@ -16,7 +16,6 @@ proof; this test runs it on one micro, one static and one dynamic kernel (m 1, 1
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,20 +26,16 @@ from typing import Any
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _compat, whatever pytest's import mode
+from _compat import script  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 MS = (1, 16, 128)
 
 
 def emulation() -> ModuleType:
     """scripts/emulated_aarch64.py as a module (a script, not part of the package)."""
-    module = sys.modules.get("emulated_aarch64")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("emulated_aarch64", REPO / "scripts" / "emulated_aarch64.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["emulated_aarch64"] = module
-        spec.loader.exec_module(module)
-    return module
+    return script("emulated_aarch64")
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(emulation().unavailable() is not None, reason=str(emulation().unavailable()))]
