@@ -1,0 +1,442 @@
+"""Issue 31, item 1: how many kernels a flashinfer upgrade could reuse, and what tracing costs.
+
+For consecutive flashinfer releases on one DSL (default: 0.6.14 -> 0.6.15.post1 -> 0.6.16.post4
+-> 0.6.17 and 0.7.1 -> 0.7.2.post1 -> 0.7.4, all on nvidia-cutlass-dsl 4.8.1), each release in its
+own venv (built by ``scripts/compat_matrix.py``'s machinery under ``--scratch``, this checkout on
+``PYTHONPATH``), for the full prewarm plans of qwen3-30b-a3b, gpt-oss-120b and the dense NVFP4
+config (llama-3.1-8b-nvfp4), plus the four W4A16 MoE kernels (``scripts/compat_child.py``'s
+driver, Qwen3-30B-A3B's layer at m=4), on the ``rtx-pro-6000`` profile:
+
+* **every** kernel of the plan is traced (:func:`cute_diskcache.trace.traced_ir`: the DSL's own
+  tracing, stopped before lowering), giving its traced-IR digest (locations stripped) and the
+  DSL's own module hash (locations kept);
+* a **sample** (``--sample``; default: every micro/static kernel at m <= 3 or m % 10 == 0, every
+  dynamic, dense and W4A16 kernel) is also compiled (:func:`cute_diskcache.trace.compile_traced`:
+  the digest of what the compile itself lowered), and its cubins and host object hashed as an
+  entry would store them (``export.export``, fixed symbol).
+
+Then per release pair: how many kernels of the new release have a traced IR that the old
+release's plan already holds (what a second-stage key would reuse), under both notions of
+"same"; for the sampled kernels, whether the same IR gave the same cubin and host object; and
+the time to trace against the time to compile, per kernel kind, side by side in one process.
+
+    python bench/upgrade_reuse.py                      # all cells (about 1.5 h on 2 cores)
+    python bench/upgrade_reuse.py --cells 0.6.14 0.6.15.post1 --models qwen3-30b-a3b
+    python bench/upgrade_reuse.py --report-only        # tables from bench/results/upgrade_reuse/
+    python bench/upgrade_reuse.py --child ...          # (internal) one model in one cell's venv
+
+Raw results: ``bench/results/upgrade_reuse/<cell>.json``; pairs and ratios:
+``bench/results/upgrade_reuse.json``; the tables are printed as Markdown (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results" / "upgrade_reuse"
+SUMMARY = REPO / "bench" / "results" / "upgrade_reuse.json"
+TARGET = "rtx-pro-6000"
+DSL = "4.8.1"
+CHAINS = (("0.6.14", "0.6.15.post1", "0.6.16.post4", "0.6.17"), ("0.7.1", "0.7.2.post1", "0.7.4"))
+MODELS = ("qwen3-30b-a3b", "gpt-oss-120b", "llama-3.1-8b-nvfp4", "w4a16")
+#: Every entry holds this symbol in the bench's exports, so host objects compare by content.
+FIXED_DIGEST = "0" * 64
+
+
+# ============================================================================================
+# Child: one model's plan in one release's venv
+# ============================================================================================
+
+
+@dataclasses.dataclass
+class _State:
+    model: str = ""
+    call: tuple[Any, ...] = ()  # the planning call being made: ("moe", m) or ("dense", m, linear, tactic)
+    sample: str = "default"
+    records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    text_dir: Path | None = None
+    seen_kinds: set[str] = dataclasses.field(default_factory=set)
+
+
+STATE = _State()
+
+
+def _sampled(kind: str, m: int | None) -> bool:
+    if STATE.sample == "all":
+        return True
+    if STATE.sample == "none":
+        return False
+    if kind in ("micro", "static"):
+        return m is not None and (m <= 3 or m % 10 == 0)
+    return True  # dynamic, b12x_fp4, w4a16: few per plan
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _dsl_state() -> tuple[Any, ...]:
+    """What a trace must leave as it found it: the DSL's JIT cache size and its per-compile state."""
+    from cutlass.cutlass_dsl import CuTeDSL
+
+    dsl = CuTeDSL._get_dsl()
+    return (len(dsl.jit_cache), len(dsl.kernel_info), dsl.num_kernels, dsl.compile_options.to_str())
+
+
+def _on_request(site: Any, call: Any, compile_fn: Any) -> None:
+    """Trace (and, if sampled, compile) one planned kernel: called after the first-stage key was
+    built, as a second stage would be (tracing stores traced values on flashinfer's kernel objects)."""
+    from cutlass.base_dsl.compiler import CompileCallable
+
+    from cute_diskcache import devicefacts, export, trace
+    from cute_diskcache.flashinfer_sites import _common
+
+    plan = _common.PLAN
+    digest = plan[-1]["digest"] if plan else None
+    # The real DSL compile (cute.compile or cute.compile[options]) and exactly its arguments, as
+    # the hook hands them to its compile function (functools.partial(front.through_wrappers, real,
+    # options, args, kwargs)); a layout change fails here, loudly.
+    real, _options, args, kwargs = compile_fn.args
+    if not isinstance(real, CompileCallable):
+        raise TypeError(f"expected the DSL's CompileCallable, got {type(real).__name__}")
+    m = STATE.call[1] if STATE.call else None
+    rec: dict[str, Any] = {"model": STATE.model, "site": site.name, "kind": site.kind, "digest": digest,
+                           "call": list(STATE.call), "m": m}
+    first_of_kind = site.kind not in STATE.seen_kinds
+    STATE.seen_kinds.add(site.kind)
+    rec["first_of_kind"] = first_of_kind
+    state_before = _dsl_state()
+    try:
+        with devicefacts.recording() as facts:
+            t = trace.traced_ir(real, *args, keep_text=STATE.text_dir is not None and first_of_kind, **kwargs)
+        rec.update(ir_digest=t.ir_digest, dsl_hash=t.dsl_hash, function_name=t.function_name, trace_s=round(t.seconds, 4),
+                   dsl_version=t.dsl_version, options=t.options, settings=t.settings,
+                   trace_device_facts=sorted((facts.get("facts") or {}).items()))
+        if t.text is not None and STATE.text_dir is not None:
+            (STATE.text_dir / f"{STATE.model}-{site.kind}-m{m}.mlir").write_text(t.text)
+    except Exception as exc:  # recorded: a kernel that cannot be traced keeps release-scoped keys
+        rec["trace_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+    rec["dsl_state_kept"] = _dsl_state() == state_before
+    if "ir_digest" in rec and _sampled(site.kind, m):
+        try:
+            with devicefacts.recording() as facts, export.capturing() as objects:
+                t0 = time.perf_counter()
+                compiled, lowered = trace.compile_traced(real, *args, **kwargs)
+                seconds = time.perf_counter() - t0
+            art = export.export(compiled, FIXED_DIGEST, seconds, captured=objects, link=False)
+            rec.update(compile_s=round(seconds, 4), compiled_ir_digest=lowered.ir_digest if lowered else None,
+                       object_sha=_sha(art.object_bytes), cubin_sha=[_sha(c) for c in art.cubins],
+                       object_bytes=len(art.object_bytes), tvm_ffi=art.tvm_ffi,
+                       compile_device_facts=sorted((facts.get("facts") or {}).items()))
+        except Exception as exc:
+            rec["compile_error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+    STATE.records.append(rec)
+
+
+def _install_probe() -> None:
+    from cute_diskcache.flashinfer_sites import _common, dense, driving
+
+    real_tc = _common.through_cache
+
+    def through_cache(site: Any, call: Any, compile_fn: Any, **kwargs: Any) -> Any:
+        before = len(_common.PLAN) if _common.PLAN is not None else None
+        out = real_tc(site, call, compile_fn, **kwargs)
+        if before is not None and len(_common.PLAN) > before:  # a planned request (keyed)
+            _on_request(site, call, compile_fn)
+        elif before is not None:
+            STATE.records.append({"model": STATE.model, "site": site.name, "kind": site.kind, "unkeyed": True,
+                                  "call": list(STATE.call)})
+        return out
+
+    _common.through_cache = through_cache
+    moe_run, dense_run = driving.Dispatcher.run, dense.DenseDispatcher.run
+
+    def run_moe(self: Any, m: int, *a: Any, **k: Any) -> Any:
+        STATE.call = ("moe", m)
+        return moe_run(self, m, *a, **k)
+
+    def run_dense(self: Any, m: int, index: int | None = None, tactic: Any = None) -> Any:
+        STATE.call = ("dense", m, index, None if tactic is None else dense.tactic_text(tactic))
+        return dense_run(self, m, index, tactic)
+
+    driving.Dispatcher.run = run_moe
+    dense.DenseDispatcher.run = run_dense
+
+
+def _plan_w4a16() -> None:
+    sys.path.insert(0, str(REPO / "scripts"))
+    import compat_child
+
+    from cute_diskcache.flashinfer_sites import _common
+
+    with _common.planning():
+        for name in compat_child.W4A16_SITES:
+            STATE.call = ("w4a16", compat_child.W4A16_M, name)
+            try:
+                compat_child._w4a16_compile(name)
+            except Exception as exc:  # what flashinfer does with a planned stand-in after the compile
+                STATE.records.append({"model": "w4a16", "kind": name, "after_compile_error": f"{type(exc).__name__}: {exc}"[:300],
+                                      "call": list(STATE.call)})
+
+
+def child(args: argparse.Namespace) -> int:
+    import cute_diskcache
+
+    here = Path(cute_diskcache.__file__).resolve().parent.parent
+    if args.code and here != Path(args.code).resolve():
+        raise SystemExit(f"cute_diskcache imported from {here}, not {args.code}")
+    cute_diskcache.install(target=args.target)
+    t_import = time.perf_counter()
+    import flashinfer  # noqa: F401
+
+    from cute_diskcache import prewarm, trace
+    from cute_diskcache.flashinfer_sites import flashinfer_version
+
+    import_s = time.perf_counter() - t_import
+    STATE.model, STATE.sample = args.child, args.sample
+    STATE.text_dir = Path(args.text_dir) if args.text_dir else None
+    if STATE.text_dir:
+        STATE.text_dir.mkdir(parents=True, exist_ok=True)
+    _install_probe()
+    t0 = time.perf_counter()
+    refused = None
+    plan: list[dict[str, Any]] = []
+    if args.child == "w4a16":
+        _plan_w4a16()
+    else:
+        pargs = prewarm.build_parser().parse_args([args.child, "--target", args.target, "--dry-run"])
+        try:
+            shape, dense_shape, _notes, ms = prewarm.resolve(pargs)
+            kernels = prewarm.plan_model(pargs, shape, dense_shape, ms, quiet=True)
+            plan = [{"digest": k.digest, "kind": k.kind, "group": k.group, "first_m": k.ms[0], "n_m": len(k.ms)}
+                    for k in kernels.values()]
+        except prewarm.PlanRefused as exc:
+            refused = str(exc)
+    from importlib.metadata import version
+
+    print(json.dumps({
+        "model": args.child, "flashinfer": flashinfer_version(), "dsl": version("nvidia-cutlass-dsl"),
+        "trace_unsupported": trace.unsupported(), "refused": refused, "plan": plan, "records": STATE.records,
+        "import_s": round(import_s, 2), "wall_s": round(time.perf_counter() - t0, 1),
+    }), flush=True)
+    return 0
+
+
+# ============================================================================================
+# Parent: venvs, children, comparison
+# ============================================================================================
+
+
+def _cell_python(fi: str, scratch: Path, overrides: dict[str, str]) -> Path:
+    if fi in overrides:
+        return Path(overrides[fi])
+    sys.path.insert(0, str(REPO / "scripts"))
+    import compat_matrix
+
+    return compat_matrix.cell_venv(compat_matrix.Cell(fi, DSL), scratch)
+
+
+def _child_env(code: Path, root: Path) -> dict[str, str]:
+    keep = {k: v for k, v in os.environ.items()
+            if not (k.startswith(("CUTE_DISKCACHE_", "FLASHINFER_WORKSPACE_")) or k in
+                    ("FLASHINFER_B12X_DISK_CACHE", "CUTE_DSL_ARCH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP"))}
+    return {**keep, "PYTHONPATH": str(code), "CUTE_DISKCACHE_DIR": str(root / "root"),
+            "FLASHINFER_WORKSPACE_BASE": str(root / "workspace")}
+
+
+def run_cell(fi: str, python: Path, models: list[str], sample: str, text_dir: Path | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"flashinfer": fi, "dsl": DSL, "python": str(python), "models": {}}
+    for model in models:
+        with tempfile.TemporaryDirectory(prefix="cdc-upgrade-") as tmp:
+            cmd = [str(python), str(Path(__file__).resolve()), "--child", model, "--target", TARGET, "--sample", sample,
+                   "--code", str(REPO)]
+            if text_dir is not None:
+                cmd += ["--text-dir", str(text_dir / f"fi{fi}")]
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, env=_child_env(REPO, Path(tmp)), cwd=tmp, capture_output=True, text=True)
+            wall = time.perf_counter() - t0
+        line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
+        if proc.returncode != 0 or line is None:
+            out["models"][model] = {"error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
+        else:
+            out["models"][model] = json.loads(line)
+        out["models"][model]["process_wall_s"] = round(wall, 1)
+        recs = out["models"][model].get("records", [])
+        print(f"  fi {fi} {model}: {len(recs)} requests, {sum('compile_s' in r for r in recs)} compiled, "
+              f"{wall:.0f} s{' ERROR' if 'error' in out['models'][model] else ''}", flush=True)
+    return out
+
+
+def _identity(rec: dict[str, Any]) -> tuple[Any, ...]:
+    """A kernel's identity across releases: the model, the site kind and the planning call that
+    first requested it (m; for dense kernels the layer and tactic too)."""
+    return (rec["model"], rec["kind"], *[json.dumps(c) for c in rec.get("call", [])])
+
+
+def _kernels(cell: dict[str, Any]) -> dict[tuple[Any, ...], dict[str, Any]]:
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for model in cell["models"].values():
+        seen: set[str] = set()
+        for rec in model.get("records", []):
+            if rec.get("unkeyed") or "after_compile_error" in rec:
+                continue
+            if rec.get("digest") in seen:
+                continue
+            seen.add(rec.get("digest"))
+            out.setdefault(_identity(rec), rec)
+    return out
+
+
+def _kind_group(kind: str) -> str:
+    return "w4a16" if kind.startswith("w4a16") else kind
+
+
+def compare(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """What ``new``'s kernels could take from ``old``'s entries, per kind."""
+    a, b = _kernels(old), _kernels(new)
+    a_ir = {r["ir_digest"] for r in a.values() if "ir_digest" in r}
+    a_dsl = {r["dsl_hash"] for r in a.values() if "dsl_hash" in r}
+    rows: dict[str, dict[str, int]] = {}
+
+    def row(kind: str) -> dict[str, int]:
+        return rows.setdefault(kind, {"kernels": 0, "traced": 0, "same_ir": 0, "same_dsl_hash": 0, "compared": 0,
+                                      "same_ir_same_cubin": 0, "same_ir_other_cubin": 0, "other_ir_same_cubin": 0,
+                                      "other_ir_other_cubin": 0, "same_object": 0, "same_ir_other_object": 0,
+                                      "identity_in_old": 0})
+
+    for ident, rb in b.items():
+        for kind in (_kind_group(rb["kind"]), "all"):
+            r = row(kind)
+            r["kernels"] += 1
+            r["traced"] += "ir_digest" in rb
+            r["same_ir"] += rb.get("ir_digest") in a_ir
+            r["same_dsl_hash"] += rb.get("dsl_hash") in a_dsl
+            ra = a.get(ident)
+            r["identity_in_old"] += ra is not None
+            if ra is None or "cubin_sha" not in ra or "cubin_sha" not in rb:
+                continue
+            r["compared"] += 1
+            same_ir, same_cubin = ra["ir_digest"] == rb["ir_digest"], ra["cubin_sha"] == rb["cubin_sha"]
+            r[f"{'same' if same_ir else 'other'}_ir_{'same' if same_cubin else 'other'}_cubin"] += 1
+            r["same_object"] += ra["object_sha"] == rb["object_sha"]
+            r["same_ir_other_object"] += same_ir and ra["object_sha"] != rb["object_sha"]
+    return rows
+
+
+def timing(cell: dict[str, Any]) -> dict[str, Any]:
+    """Trace against compile per kind, over the kernels that were both traced and compiled."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for rec in _kernels(cell).values():
+        if "compile_s" in rec and "trace_s" in rec:
+            by.setdefault(_kind_group(rec["kind"]), []).append(rec)
+    out = {}
+    for kind, recs in sorted(by.items()):
+        later = [r for r in recs if not r.get("first_of_kind")] or recs
+        tr, co = [r["trace_s"] for r in later], [r["compile_s"] for r in later]
+        out[kind] = {"n": len(later), "trace_median_s": round(statistics.median(tr), 3),
+                     "compile_median_s": round(statistics.median(co), 3),
+                     "ratio_median": round(statistics.median(t / c for t, c in zip(tr, co)), 3),
+                     "first_trace_s": [r["trace_s"] for r in recs if r.get("first_of_kind")],
+                     "first_compile_s": [r["compile_s"] for r in recs if r.get("first_of_kind")],
+                     "ir_same_in_compile": sum(r.get("compiled_ir_digest") == r["ir_digest"] for r in recs),
+                     "compiled": len(recs)}
+    all_traces = [r["trace_s"] for r in _kernels(cell).values() if "trace_s" in r]
+    out["plan"] = {"traced": len(all_traces), "trace_total_s": round(sum(all_traces), 1)}
+    return out
+
+
+def _pairs(cells: list[str]) -> list[tuple[str, str]]:
+    pairs = []
+    for chain in CHAINS:
+        present = [c for c in chain if c in cells]
+        pairs += list(zip(present, present[1:]))
+        if len(present) > 2:
+            pairs.append((present[0], present[-1]))  # an upgrade that skips releases
+    return pairs
+
+
+def _machine() -> str:
+    load = os.getloadavg()
+    return (f"{platform.machine()}, {platform.processor() or 'cpu'}, {len(os.sched_getaffinity(0))} cores, no GPU; "
+            f"load average {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end")
+
+
+def report(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    names = sorted(cells, key=lambda v: tuple(int(p) for p in v.replace(".post", ".").split(".")))
+    pairs = {f"{a} -> {b}": compare(cells[a], cells[b]) for a, b in _pairs(names)}
+    times = {name: timing(cells[name]) for name in names}
+    print("\n| upgrade | kind | kernels | same traced IR (stripped) | same DSL hash (with locations) | sampled | same IR, same cubin | same IR, other cubin | other IR, same cubin | same host object |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for pair, rows in pairs.items():
+        for kind, r in sorted(rows.items(), key=lambda kv: (kv[0] == "all", kv[0])):
+            print(f"| {pair} | {kind} | {r['kernels']} | {r['same_ir']} | {r['same_dsl_hash']} | {r['compared']} | "
+                  f"{r['same_ir_same_cubin']} | {r['same_ir_other_cubin']} | {r['other_ir_same_cubin']} | {r['same_object']} |")
+    print("\n| flashinfer | kind | compiled | trace median s | compile median s | trace/compile | first trace / compile s |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for name, rows in times.items():
+        for kind, r in rows.items():
+            if kind == "plan":
+                continue
+            first = ", ".join(f"{t:.1f}/{c:.1f}" for t, c in zip(r["first_trace_s"], r["first_compile_s"]))
+            print(f"| {name} | {kind} | {r['compiled']} | {r['trace_median_s']:.2f} | {r['compile_median_s']:.2f} | "
+                  f"{r['ratio_median']:.2f} | {first} |")
+    return {"pairs": pairs, "timing": times}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cells", nargs="+", default=[c for chain in CHAINS for c in chain], metavar="FLASHINFER")
+    ap.add_argument("--models", nargs="+", default=list(MODELS))
+    ap.add_argument("--sample", choices=("default", "all", "none"), default="default")
+    ap.add_argument("--scratch", type=Path, default=None, help="venvs (default: compat_matrix's)")
+    ap.add_argument("--python", action="append", default=[], metavar="FI=PATH", help="use this interpreter for a release")
+    ap.add_argument("--text-dir", type=Path, default=None, help="write the first traced module of each kind here (diffs)")
+    ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--force", action="store_true", help="rerun cells that have results")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--target", default=TARGET, help=argparse.SUPPRESS)
+    ap.add_argument("--code", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    sys.path.insert(0, str(REPO / "scripts"))
+    import compat_matrix
+
+    scratch = args.scratch or compat_matrix.DEFAULT_SCRATCH
+    overrides = dict(item.split("=", 1) for item in args.python)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if not args.report_only:
+        for fi in args.cells:
+            path = RESULTS / f"fi{fi}-dsl{DSL}.json"
+            if path.exists() and not args.force:
+                print(f"fi {fi}: results exist ({path.name}); --force to rerun", flush=True)
+                continue
+            python = _cell_python(fi, scratch, overrides)
+            t0 = time.perf_counter()
+            cell = run_cell(fi, python, args.models, args.sample, args.text_dir)
+            cell.update(date=time.strftime("%Y-%m-%d %H:%M"), code=commit, machine=_machine(), sample=args.sample,
+                        seconds=round(time.perf_counter() - t0, 1))
+            path.write_text(json.dumps(cell, indent=None, separators=(",", ":")) + "\n")
+    cells = {json.loads(p.read_text())["flashinfer"]: json.loads(p.read_text()) for p in sorted(RESULTS.glob("fi*.json"))}
+    summary = report(cells)
+    SUMMARY.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": _machine(), "dsl": DSL, "target": TARGET,
+                                   "code": commit, **summary}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
