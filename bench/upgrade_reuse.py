@@ -88,6 +88,9 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+_PURELIB = __import__("sysconfig").get_path("purelib")
+
+
 def _dsl_state() -> tuple[Any, ...]:
     """What a trace must leave as it found it: the DSL's JIT cache size and its per-compile state."""
     from cutlass.cutlass_dsl import CuTeDSL
@@ -119,10 +122,23 @@ def _on_request(site: Any, call: Any, compile_fn: Any) -> None:
     STATE.seen_kinds.add(site.kind)
     rec["first_of_kind"] = first_of_kind
     state_before = _dsl_state()
+    located: dict[str, Any] = {}
+
+    def locate(dsl: Any, module: Any, function_name: str) -> None:
+        """The module with its locations, the install prefix taken out: what a digest that kept
+        locations would see in an in-place upgrade (same prefix, lines moved or not)."""
+        t0 = time.perf_counter()
+        text = module.operation.get_asm(enable_debug_info=True).replace(_PURELIB, "<site-packages>")
+        located.update(digest=_sha(text.encode()), seconds=time.perf_counter() - t0)
+
     try:
         with devicefacts.recording() as facts:
-            t = trace.traced_ir(real, *args, keep_text=STATE.text_dir is not None and first_of_kind, **kwargs)
-        rec.update(ir_digest=t.ir_digest, dsl_hash=t.dsl_hash, function_name=t.function_name, trace_s=round(t.seconds, 4),
+            t = trace.traced_ir(real, *args, keep_text=STATE.text_dir is not None and first_of_kind,
+                                trace_finalize_hooks=locate, **kwargs)
+        rec.update(located_digest=_sha(f"{located['digest']}{t.dsl_version}{t.settings}{t.options}".encode()),
+                   locate_s=round(located["seconds"], 4))
+        rec.update(ir_digest=t.ir_digest, dsl_hash=t.dsl_hash, function_name=t.function_name,
+                   trace_s=round(t.seconds - located["seconds"], 4),
                    dsl_version=t.dsl_version, options=t.options, settings=t.settings,
                    trace_device_facts=sorted((facts.get("facts") or {}).items()))
         if t.text is not None and STATE.text_dir is not None:

@@ -30,10 +30,13 @@ the compile asks for line info (then they are kept: they reach the cubin's ``.de
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import logging
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("cute_diskcache")
@@ -115,9 +118,30 @@ def _line_info(dsl: Any) -> bool:
     return bool(getattr(options, "generate_line_info", False) or getattr(envar, "lineinfo", False))
 
 
+@functools.lru_cache(maxsize=1)
+def _dsl_root() -> str | None:
+    """The directory of the DSL's distribution (``.../nvidia_cutlass_dsl``), or None."""
+    import cutlass
+
+    for parent in Path(cutlass.__file__).resolve().parents:
+        if parent.name == "nvidia_cutlass_dsl":
+            return str(parent)
+    return None
+
+
+def _settings(dsl: Any) -> str:
+    """The DSL's cache-relevant settings (``EnvironmentVarManager.cache_key_str``), with the
+    install prefix of its own runtime libraries (``shared_libs``) taken out: the same DSL
+    installed under another prefix (another venv, image or Python) builds the same kernels,
+    and which library flavour (``cu12``/``cu13``) is linked stays in the text."""
+    text = dsl.envar.cache_key_str()
+    root = _dsl_root()
+    return text.replace(root + os.sep, "<nvidia_cutlass_dsl>" + os.sep) if root else text
+
+
 def _read(dsl: Any, module: Any, function_name: str, keep_text: bool) -> dict[str, Any]:
     """What :class:`Traced` holds, read from a finished module (which is left as it was)."""
-    settings = dsl.envar.cache_key_str()
+    settings = _settings(dsl)
     options = dsl.compile_options.to_str()
     version = dsl.get_version().hexdigest()
     dsl_hash = dsl.get_module_hash(module, function_name)
