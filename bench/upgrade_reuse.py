@@ -320,57 +320,74 @@ def _kind_group(kind: str) -> str:
     return "w4a16" if kind.startswith("w4a16") else kind
 
 
+def _by_model(cell: dict[str, Any]) -> dict[str, dict[tuple[Any, ...], dict[str, Any]]]:
+    out: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {}
+    for ident, rec in _kernels(cell).items():
+        out.setdefault(rec["model"], {})[ident] = rec
+    return out
+
+
 def compare(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """What ``new``'s kernels could take from ``old``'s entries, per kind."""
-    a, b = _kernels(old), _kernels(new)
-    a_ir = {r["ir_digest"] for r in a.values() if "ir_digest" in r}
-    a_dsl = {r["dsl_hash"] for r in a.values() if "dsl_hash" in r}
-    rows: dict[str, dict[str, int]] = {}
+    """What ``new``'s kernels could take from ``old``'s entries, per model.
 
-    def row(kind: str) -> dict[str, int]:
-        return rows.setdefault(kind, {"kernels": 0, "traced": 0, "same_ir": 0, "same_dsl_hash": 0, "compared": 0,
-                                      "same_ir_same_cubin": 0, "same_ir_other_cubin": 0, "other_ir_same_cubin": 0,
-                                      "other_ir_other_cubin": 0, "same_object": 0, "same_ir_other_object": 0,
-                                      "identity_in_old": 0})
-
-    for ident, rb in b.items():
-        for kind in (_kind_group(rb["kind"]), "all"):
-            r = row(kind)
-            r["kernels"] += 1
-            r["traced"] += "ir_digest" in rb
-            r["same_ir"] += rb.get("ir_digest") in a_ir
-            r["same_dsl_hash"] += rb.get("dsl_hash") in a_dsl
-            ra = a.get(ident)
-            r["identity_in_old"] += ra is not None
-            if ra is None or "cubin_sha" not in ra or "cubin_sha" not in rb:
-                continue
-            r["compared"] += 1
+    Reuse is content-addressed: a kernel of ``new`` is reusable when its traced-IR digest is
+    among *any* of ``old``'s kernels (of any model: a second-stage key does not know the model).
+    Cubins and objects compare kernels of the same identity (model, kind, planning call).
+    """
+    a_all = _kernels(old)
+    digests = {name: {r[name] for r in a_all.values() if name in r} for name in ("ir_digest", "located_digest", "dsl_hash")}
+    cubin_of_ir = {r["ir_digest"]: r["cubin_sha"] for r in a_all.values() if "cubin_sha" in r}
+    a_models, out = _by_model(old), {}
+    for model, b in _by_model(new).items():
+        a = a_models.get(model, {})
+        row: dict[str, Any] = {"kernels": len(b), "old_kernels": len(a), "refused_before": (old["models"].get(model) or {}).get("refused"),
+                               "traced": sum("ir_digest" in r for r in b.values()), "kinds": {}}
+        for name, label in (("ir_digest", "same_ir"), ("located_digest", "same_located"), ("dsl_hash", "same_dsl_hash")):
+            row[label] = sum(r.get(name) in digests[name] for r in b.values())
+        # A reused kernel's cubin against the cubin the old release compiled for that IR.
+        row["reused_compared"] = sum(r.get("ir_digest") in cubin_of_ir and "cubin_sha" in r for r in b.values())
+        row["reused_same_cubin"] = sum(cubin_of_ir.get(r.get("ir_digest")) == r.get("cubin_sha") for r in b.values()
+                                       if r.get("ir_digest") in cubin_of_ir and "cubin_sha" in r)
+        pairs = [(a[i], r) for i, r in b.items() if i in a and "cubin_sha" in a[i] and "cubin_sha" in r]
+        row["compared"] = len(pairs)
+        for ra, rb in pairs:
             same_ir, same_cubin = ra["ir_digest"] == rb["ir_digest"], ra["cubin_sha"] == rb["cubin_sha"]
-            r[f"{'same' if same_ir else 'other'}_ir_{'same' if same_cubin else 'other'}_cubin"] += 1
-            r["same_object"] += ra["object_sha"] == rb["object_sha"]
-            r["same_ir_other_object"] += same_ir and ra["object_sha"] != rb["object_sha"]
-    return rows
+            key = f"{'same' if same_ir else 'other'}_ir_{'same' if same_cubin else 'other'}_cubin"
+            row[key] = row.get(key, 0) + 1
+            if same_ir:
+                row["same_ir_same_object"] = row.get("same_ir_same_object", 0) + (ra["object_sha"] == rb["object_sha"])
+        for r in b.values():
+            k = row["kinds"].setdefault(_kind_group(r["kind"]), [0, 0])
+            k[0] += r.get("ir_digest") in digests["ir_digest"]
+            k[1] += 1
+        seconds = [(r.get("compile_s"), r.get("trace_s"), r.get("ir_digest") in digests["ir_digest"]) for r in b.values()]
+        if seconds and all(c is not None and t is not None for c, t, _ in seconds):
+            row["compile_all_s"] = round(sum(c for c, _, _ in seconds), 1)
+            row["trace_all_plus_compile_changed_s"] = round(sum(t + (0 if same else c) for c, t, same in seconds), 1)
+        out[model] = row
+    return out
 
 
-def timing(cell: dict[str, Any]) -> dict[str, Any]:
-    """Trace against compile per kind, over the kernels that were both traced and compiled."""
+def timing(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Trace against compile per kind, pooled over every release (each pair from one process,
+    the trace just before the compile); the first kernel of a kind in a process apart (it pays
+    the DSL's preprocessing of the kernel's Python once)."""
     by: dict[str, list[dict[str, Any]]] = {}
-    for rec in _kernels(cell).values():
-        if "compile_s" in rec and "trace_s" in rec:
-            by.setdefault(_kind_group(rec["kind"]), []).append(rec)
-    out = {}
+    for cell in cells.values():
+        for rec in _kernels(cell).values():
+            if "compile_s" in rec and "trace_s" in rec:
+                by.setdefault(_kind_group(rec["kind"]), []).append(rec)
+    out: dict[str, Any] = {}
     for kind, recs in sorted(by.items()):
-        later = [r for r in recs if not r.get("first_of_kind")] or recs
-        tr, co = [r["trace_s"] for r in later], [r["compile_s"] for r in later]
-        out[kind] = {"n": len(later), "trace_median_s": round(statistics.median(tr), 3),
-                     "compile_median_s": round(statistics.median(co), 3),
-                     "ratio_median": round(statistics.median(t / c for t, c in zip(tr, co)), 3),
-                     "first_trace_s": [r["trace_s"] for r in recs if r.get("first_of_kind")],
-                     "first_compile_s": [r["compile_s"] for r in recs if r.get("first_of_kind")],
-                     "ir_same_in_compile": sum(r.get("compiled_ir_digest") == r["ir_digest"] for r in recs),
-                     "compiled": len(recs)}
-    all_traces = [r["trace_s"] for r in _kernels(cell).values() if "trace_s" in r]
-    out["plan"] = {"traced": len(all_traces), "trace_total_s": round(sum(all_traces), 1)}
+        later = [r for r in recs if not r.get("first_of_kind")]
+        first = [r for r in recs if r.get("first_of_kind")]
+        row: dict[str, Any] = {"compiled": len(recs), "ir_same_in_compile": sum(r.get("compiled_ir_digest") == r["ir_digest"] for r in recs)}
+        for label, group in (("later", later), ("first", first)):
+            if group:
+                row[label] = {"n": len(group), "trace_median_s": round(statistics.median(r["trace_s"] for r in group), 3),
+                              "compile_median_s": round(statistics.median(r["compile_s"] for r in group), 3),
+                              "ratio_median": round(statistics.median(r["trace_s"] / r["compile_s"] for r in group), 3)}
+        out[kind] = row
     return out
 
 
@@ -390,25 +407,33 @@ def _machine() -> str:
             f"load average {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} at the end")
 
 
+def _vkey(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.replace(".post", ".").split("."))
+
+
 def report(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    names = sorted(cells, key=lambda v: tuple(int(p) for p in v.replace(".post", ".").split(".")))
+    names = sorted(cells, key=_vkey)
     pairs = {f"{a} -> {b}": compare(cells[a], cells[b]) for a, b in _pairs(names)}
-    times = {name: timing(cells[name]) for name in names}
-    print("\n| upgrade | kind | kernels | same traced IR (stripped) | same DSL hash (with locations) | sampled | same IR, same cubin | same IR, other cubin | other IR, same cubin | same host object |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for pair, rows in pairs.items():
-        for kind, r in sorted(rows.items(), key=lambda kv: (kv[0] == "all", kv[0])):
-            print(f"| {pair} | {kind} | {r['kernels']} | {r['same_ir']} | {r['same_dsl_hash']} | {r['compared']} | "
-                  f"{r['same_ir_same_cubin']} | {r['same_ir_other_cubin']} | {r['other_ir_same_cubin']} | {r['same_object']} |")
-    print("\n| flashinfer | kind | compiled | trace median s | compile median s | trace/compile | first trace / compile s |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for name, rows in times.items():
-        for kind, r in rows.items():
-            if kind == "plan":
+    times = timing(cells)
+    print("\n| upgrade | model | kernels | same traced IR | per kind (same / all) | same IR, DSL hash recipe with locations (in place) | same DSL hash (other venv) | reused: same cubin | reused: same host object | other IR, same cubin | compile CPU-s: all / trace all + compile changed |")
+    print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    for pair, models in pairs.items():
+        for model, r in models.items():
+            if not r["kernels"]:
                 continue
-            first = ", ".join(f"{t:.1f}/{c:.1f}" for t, c in zip(r["first_trace_s"], r["first_compile_s"]))
-            print(f"| {name} | {kind} | {r['compiled']} | {r['trace_median_s']:.2f} | {r['compile_median_s']:.2f} | "
-                  f"{r['ratio_median']:.2f} | {first} |")
+            kinds = ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in r["kinds"].items())
+            refused = " (old release refuses the model)" if r["refused_before"] else ""
+            cost = f"{r['compile_all_s']} / {r['trace_all_plus_compile_changed_s']}" if "compile_all_s" in r else "-"
+            print(f"| {pair} | {model}{refused} | {r['kernels']} | {r['same_ir']} | {kinds} | {r['same_located']} | {r['same_dsl_hash']} | "
+                  f"{r['reused_same_cubin']}/{r['reused_compared']} | {r.get('same_ir_same_object', 0)}/{r.get('same_ir_same_cubin', 0) + r.get('same_ir_other_cubin', 0)} | "
+                  f"{r.get('other_ir_same_cubin', 0)}/{r.get('other_ir_same_cubin', 0) + r.get('other_ir_other_cubin', 0)} | {cost} |")
+    print("\n| kind | compiled (all releases) | trace median s | compile median s | trace / compile (median) | first of its kind in a process: trace / compile s | compile lowered the traced IR |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for kind, r in times.items():
+        later, first = r.get("later") or r.get("first"), r.get("first")
+        first_text = f"{first['trace_median_s']:.2f} / {first['compile_median_s']:.2f} (n={first['n']})" if first else "-"
+        print(f"| {kind} | {r['compiled']} | {later['trace_median_s']:.2f} | {later['compile_median_s']:.2f} | {later['ratio_median']:.2f} | "
+              f"{first_text} | {r['ir_same_in_compile']}/{r['compiled']} |")
     return {"pairs": pairs, "timing": times}
 
 
@@ -421,6 +446,7 @@ def main() -> int:
     ap.add_argument("--python", action="append", default=[], metavar="FI=PATH", help="use this interpreter for a release")
     ap.add_argument("--text-dir", type=Path, default=None, help="write the first traced module of each kind here (diffs)")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--results", type=Path, default=None, help="read the cells' results from here (default: bench/results/upgrade_reuse)")
     ap.add_argument("--force", action="store_true", help="rerun cells that have results")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--target", default=TARGET, help=argparse.SUPPRESS)
@@ -447,9 +473,10 @@ def main() -> int:
             cell.update(date=time.strftime("%Y-%m-%d %H:%M"), code=commit, machine=_machine(), sample=args.sample,
                         seconds=round(time.perf_counter() - t0, 1))
             path.write_text(json.dumps(cell, indent=None, separators=(",", ":")) + "\n")
-    cells = {json.loads(p.read_text())["flashinfer"]: json.loads(p.read_text()) for p in sorted(RESULTS.glob("fi*.json"))}
+    results = args.results or RESULTS
+    cells = {json.loads(p.read_text())["flashinfer"]: json.loads(p.read_text()) for p in sorted(results.glob("fi*.json"))}
     summary = report(cells)
-    SUMMARY.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": _machine(), "dsl": DSL, "target": TARGET,
+    (SUMMARY if args.results is None else results.parent / SUMMARY.name).write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": _machine(), "dsl": DSL, "target": TARGET,
                                    "code": commit, **summary}, indent=1) + "\n")
     return 0
 

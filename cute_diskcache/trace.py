@@ -129,12 +129,25 @@ def _dsl_root() -> str | None:
     return None
 
 
+def _render(value: Any) -> str:
+    return repr(tuple(sorted(value, key=repr))) if isinstance(value, (set, frozenset)) else repr(value)
+
+
+def _raw_settings(dsl: Any) -> str:
+    """The DSL's cache-relevant settings as its own module hash writes them."""
+    render = getattr(dsl.envar, "cache_key_str", None)
+    if callable(render):  # DSL 4.8+: the settings its hash covers
+        return str(render())
+    # DSL 4.6/4.7: its hash writes every setting that is set (sets here in a stable order).
+    return "".join(f"{name}={_render(value)};" for name, value in sorted(vars(dsl.envar).items()) if value is not None)
+
+
 def _settings(dsl: Any) -> str:
-    """The DSL's cache-relevant settings (``EnvironmentVarManager.cache_key_str``), with the
-    install prefix of its own runtime libraries (``shared_libs``) taken out: the same DSL
-    installed under another prefix (another venv, image or Python) builds the same kernels,
-    and which library flavour (``cu12``/``cu13``) is linked stays in the text."""
-    text = dsl.envar.cache_key_str()
+    """:func:`_raw_settings` with the install prefix of the DSL's own runtime library
+    (``shared_libs``) taken out: the same DSL installed under another prefix (another venv,
+    image or Python) builds the same kernels, and which library flavour (``cu12``/``cu13``) is
+    linked stays in the text."""
+    text = _raw_settings(dsl)
     root = _dsl_root()
     return text.replace(root + os.sep, "<nvidia_cutlass_dsl>" + os.sep) if root else text
 

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 DRIVER = Path(__file__).resolve().parent / "trace_driver.py"
+REPO = DRIVER.parent.parent
 
 TINY = '''import cutlass
 import cutlass.cute as cute
@@ -41,23 +42,28 @@ def launch(x: cute.Tensor, k: cutlass.Constexpr):
 '''
 
 
-def _drive(*args: str, cwd: Path) -> dict[str, Any]:
+def _drive(*args: str, cwd: Path, python: str = sys.executable) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_DISKCACHE_") and k != "CUTE_DSL_ARCH"}
     env["CUTE_DISKCACHE_DIR"] = str(cwd / "root")
-    proc = subprocess.run([sys.executable, str(DRIVER), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
+    if python != sys.executable:  # a matrix cell's interpreter: this checkout on its path
+        env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run([python, str(DRIVER), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def _tiny(base: Path, python: str = sys.executable) -> dict[str, Any]:
     """The same kernel source in two places, the second three lines further down."""
-    base = tmp_path_factory.mktemp("trace-tiny")
     (base / "a").mkdir()
     (base / "elsewhere" / "b").mkdir(parents=True)
     (base / "a" / "tiny_kernel.py").write_text(TINY)
     (base / "elsewhere" / "b" / "tiny_kernel.py").write_text("# moved\n\n\n" + TINY)
-    return _drive("tiny", str(base / "a"), str(base / "elsewhere" / "b"), cwd=base)
+    return _drive("tiny", str(base / "a"), str(base / "elsewhere" / "b"), cwd=base, python=python)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return _tiny(tmp_path_factory.mktemp("trace-tiny"))
 
 
 def test_digest_ignores_where_the_source_lies(tiny: dict[str, Any]) -> None:
@@ -136,3 +142,29 @@ def test_compile_after_trace_equals_compile_alone_moe(tmp_path: Path) -> None:
     on the same object, must give the cubin a compile alone gives."""
     kernels = ["micro", "static", "dynamic"]
     _check(*_compare(kernels, tmp_path), kernels)
+
+
+#: One cell per DSL generation: 4.5 (no finalize hooks), 4.6 and 4.7 (settings rendered from the
+#: environment manager's attributes), 4.8.0 (``cache_key_str``); 4.8.1 is this venv's.
+DSL_CELLS = ("fi0.6.12-dsl4.5.0-cu13", "fi0.6.18.post1-dsl4.6.2", "fi0.7.1-dsl4.7.0", "fi0.7.2.post1-dsl4.8.0")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cell", DSL_CELLS)
+def test_each_dsl_generation(cell: str, tmp_path: Path) -> None:
+    """The same entry points on every DSL release the matrix proves (venvs built as it builds them)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _compat import SCRATCH, matrix
+
+    m = matrix()
+    (found,) = [c for c in m.CELLS if c.name == cell]
+    out = _tiny(tmp_path, str(m.cell_venv(found, SCRATCH)))
+    assert out["compiled_type"] and out["lowered_after_compile"] == 1
+    if found.dsl.startswith("4.5"):
+        assert out["unsupported"] and "trace_finalize_hooks" in out["unsupported"]
+        assert out["raised"] == "TraceUnavailable" and out["compiled_digest"] is None
+        return
+    assert out["unsupported"] is None and out["lowered_by_traces"] == 0 and out["state_kept"] is True
+    assert out["a"] == out["b"] == out["compiled_digest"] != out["other_constant"]
+    assert out["dsl_hash_a"] != out["dsl_hash_b"] and out["line_info_a"] != out["line_info_b"]
+    assert out["dsl_root"] not in out["settings"] and out["dsl_root"] in out["raw_settings"]

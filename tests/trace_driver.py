@@ -61,7 +61,9 @@ def _dsl_state() -> list[Any]:
 def _raw_settings() -> str:
     from cutlass.cutlass_dsl import CuTeDSL
 
-    return CuTeDSL._get_dsl().envar.cache_key_str()
+    from cute_diskcache import trace
+
+    return trace._raw_settings(CuTeDSL._get_dsl())
 
 
 def tiny(dir_a: Path, dir_b: Path) -> dict[str, Any]:
@@ -76,6 +78,14 @@ def tiny(dir_a: Path, dir_b: Path) -> dict[str, Any]:
     x = make_fake_compact_tensor(cutlass.Float32, (32,))
     lowering = _count_lowering()
     out: dict[str, Any] = {"unsupported": trace.unsupported()}
+    if out["unsupported"] is not None:  # DSL 4.5: no trace; a compile still compiles, with no digest
+        try:
+            trace.traced_ir(cute.compile, a.launch, x, 1)
+        except Exception as exc:
+            out["raised"] = type(exc).__name__
+        compiled, lowered = trace.compile_traced(cute.compile, a.launch, x, 1)
+        out.update(compiled_type=type(compiled).__name__, compiled_digest=lowered, lowered_after_compile=lowering["lowered"])
+        return out
     state = _dsl_state()
     ta = trace.traced_ir(cute.compile, a.launch, x, 1)
     tb = trace.traced_ir(cute.compile, b.launch, x, 1)
