@@ -25,7 +25,9 @@ the time to trace against the time to compile, per kernel kind, side by side in 
     python bench/upgrade_reuse.py --report-only        # tables from bench/results/upgrade_reuse/
     python bench/upgrade_reuse.py --child ...          # (internal) one model in one cell's venv
 
-Raw results: ``bench/results/upgrade_reuse/<cell>.json``; pairs and ratios:
+Raw results: ``bench/results/upgrade_reuse/<cell>.json``, written once every model of the
+release is done; until then each model's result is written as it finishes
+(``<cell>/<model>.json``) and a rerun takes those up instead of running them again. Pairs and ratios:
 ``bench/results/upgrade_reuse.json``; the tables are printed as Markdown (docs/performance.md).
 """
 
@@ -273,9 +275,23 @@ def _child_env(code: Path, root: Path) -> dict[str, str]:
             "FLASHINFER_WORKSPACE_BASE": str(root / "workspace")}
 
 
-def run_cell(fi: str, python: Path, models: list[str], sample: str, text_dir: Path | None) -> dict[str, Any]:
+def _model_path(cell_path: Path, model: str) -> Path:
+    """Where one model's raw result lies until its release is complete (``fi<X>-dsl<Y>/<model>.json``)."""
+    return cell_path.with_suffix("") / f"{model}.json"
+
+
+def run_cell(fi: str, python: Path, models: list[str], sample: str, text_dir: Path | None, cell_path: Path,
+             force: bool = False) -> dict[str, Any]:
+    """Run each model of one release in its own child, writing each model's raw result as soon as
+    it finishes (an interruption loses at most the model in progress); a model whose result is
+    already there is read back, not run again, unless ``force``."""
     out: dict[str, Any] = {"flashinfer": fi, "dsl": DSL, "python": str(python), "models": {}}
     for model in models:
+        path = _model_path(cell_path, model)
+        if path.exists() and not force:
+            out["models"][model] = json.loads(path.read_text())
+            print(f"  fi {fi} {model}: result exists ({path.parent.name}/{path.name})", flush=True)
+            continue
         with tempfile.TemporaryDirectory(prefix="cdc-upgrade-") as tmp:
             cmd = [str(python), str(Path(__file__).resolve()), "--child", model, "--target", TARGET, "--sample", sample,
                    "--code", str(REPO)]
@@ -286,13 +302,20 @@ def run_cell(fi: str, python: Path, models: list[str], sample: str, text_dir: Pa
             wall = time.perf_counter() - t0
         line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith("{")), None)
         if proc.returncode != 0 or line is None:
-            out["models"][model] = {"error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
+            result: dict[str, Any] = {"error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
         else:
-            out["models"][model] = json.loads(line)
-        out["models"][model]["process_wall_s"] = round(wall, 1)
-        recs = out["models"][model].get("records", [])
+            result = json.loads(line)
+        result.update(process_wall_s=round(wall, 1), date=time.strftime("%Y-%m-%d %H:%M"), machine=_machine(),
+                      sample=sample)
+        out["models"][model] = result
+        if "error" not in result:  # a failed model is run again next time
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp_path = path.with_suffix(".tmp")
+            tmp_path.write_text(json.dumps(result, separators=(",", ":")) + "\n")
+            tmp_path.replace(path)
+        recs = result.get("records", [])
         print(f"  fi {fi} {model}: {len(recs)} requests, {sum('compile_s' in r for r in recs)} compiled, "
-              f"{wall:.0f} s{' ERROR' if 'error' in out['models'][model] else ''}", flush=True)
+              f"{wall:.0f} s{' ERROR' if 'error' in result else ''}", flush=True)
     return out
 
 
@@ -447,7 +470,7 @@ def main() -> int:
     ap.add_argument("--text-dir", type=Path, default=None, help="write the first traced module of each kind here (diffs)")
     ap.add_argument("--report-only", action="store_true")
     ap.add_argument("--results", type=Path, default=None, help="read the cells' results from here (default: bench/results/upgrade_reuse)")
-    ap.add_argument("--force", action="store_true", help="rerun cells that have results")
+    ap.add_argument("--force", action="store_true", help="rerun releases and models that have results")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--target", default=TARGET, help=argparse.SUPPRESS)
     ap.add_argument("--code", default=None, help=argparse.SUPPRESS)
@@ -469,7 +492,10 @@ def main() -> int:
                 continue
             python = _cell_python(fi, scratch, overrides)
             t0 = time.perf_counter()
-            cell = run_cell(fi, python, args.models, args.sample, args.text_dir)
+            cell = run_cell(fi, python, args.models, args.sample, args.text_dir, path, args.force)
+            if any("error" in m for m in cell["models"].values()):
+                print(f"fi {fi}: a model failed; its release stays unfinished (the others are kept)", flush=True)
+                continue
             cell.update(date=time.strftime("%Y-%m-%d %H:%M"), code=commit, machine=_machine(), sample=args.sample,
                         seconds=round(time.perf_counter() - t0, 1))
             path.write_text(json.dumps(cell, indent=None, separators=(",", ":")) + "\n")
