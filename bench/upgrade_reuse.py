@@ -34,6 +34,7 @@ release is done; until then each model's result is written as it finishes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -388,6 +389,9 @@ def compare(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
             row["compile_all_s"] = round(sum(c for c, _, _ in seconds), 1)
             row["trace_all_plus_compile_changed_s"] = round(sum(t + (0 if same else c) for c, t, same in seconds), 1)
         out[model] = row
+    for model, info in new["models"].items():  # a model the new release refuses: nothing to reuse or compile
+        if model not in out and info.get("refused"):
+            out[model] = {"kernels": 0, "old_kernels": len(a_models.get(model, {})), "refused": info["refused"]}
     return out
 
 
@@ -438,10 +442,13 @@ def report(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
     names = sorted(cells, key=_vkey)
     pairs = {f"{a} -> {b}": compare(cells[a], cells[b]) for a, b in _pairs(names)}
     times = timing(cells)
-    print("\n| upgrade | model | kernels | same traced IR | per kind (same / all) | same IR, DSL hash recipe with locations (in place) | same DSL hash (other venv) | reused: same cubin | reused: same host object | other IR, same cubin | compile CPU-s: all / trace all + compile changed |")
+    print("\n| upgrade | model | kernels | same traced IR | per kind (same / all) | same IR, DSL hash recipe with locations (in place) | same DSL hash (other venv) | reused: same cubin | reused: same host object | other IR, same cubin | seconds over the plan: compile all / trace all + compile those with other IR |")
     print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for pair, models in pairs.items():
         for model, r in models.items():
+            if r.get("refused"):
+                print(f"| {pair} | {model} (new release refuses the model: {r['refused'].split(': ', 1)[-1]}) | 0 | - | - | - | - | - | - | - | - |")
+                continue
             if not r["kernels"]:
                 continue
             kinds = ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in r["kinds"].items())
@@ -450,11 +457,12 @@ def report(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
             print(f"| {pair} | {model}{refused} | {r['kernels']} | {r['same_ir']} | {kinds} | {r['same_located']} | {r['same_dsl_hash']} | "
                   f"{r['reused_same_cubin']}/{r['reused_compared']} | {r.get('same_ir_same_object', 0)}/{r.get('same_ir_same_cubin', 0) + r.get('same_ir_other_cubin', 0)} | "
                   f"{r.get('other_ir_same_cubin', 0)}/{r.get('other_ir_same_cubin', 0) + r.get('other_ir_other_cubin', 0)} | {cost} |")
-    print("\n| kind | compiled (all releases) | trace median s | compile median s | trace / compile (median) | first of its kind in a process: trace / compile s | compile lowered the traced IR |")
+    print("\n| kind | compiled (all releases) | trace median s | compile median s | trace / compile (median) | first of its kind in a process: trace / compile s = ratio (median) | compile lowered the traced IR |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for kind, r in times.items():
         later, first = r.get("later") or r.get("first"), r.get("first")
-        first_text = f"{first['trace_median_s']:.2f} / {first['compile_median_s']:.2f} (n={first['n']})" if first else "-"
+        first_text = (f"{first['trace_median_s']:.2f} / {first['compile_median_s']:.2f} = {first['ratio_median']:.2f} (n={first['n']})"
+                      if first else "-")
         print(f"| {kind} | {r['compiled']} | {later['trace_median_s']:.2f} | {later['compile_median_s']:.2f} | {later['ratio_median']:.2f} | "
               f"{first_text} | {r['ir_same_in_compile']}/{r['compiled']} |")
     return {"pairs": pairs, "timing": times}
@@ -499,11 +507,17 @@ def main() -> int:
             cell.update(date=time.strftime("%Y-%m-%d %H:%M"), code=commit, machine=_machine(), sample=args.sample,
                         seconds=round(time.perf_counter() - t0, 1))
             path.write_text(json.dumps(cell, indent=None, separators=(",", ":")) + "\n")
+            for model in args.models:  # the release's file holds them now
+                _model_path(path, model).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                path.with_suffix("").rmdir()
     results = args.results or RESULTS
     cells = {json.loads(p.read_text())["flashinfer"]: json.loads(p.read_text()) for p in sorted(results.glob("fi*.json"))}
     summary = report(cells)
     (SUMMARY if args.results is None else results.parent / SUMMARY.name).write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "machine": _machine(), "dsl": DSL, "target": TARGET,
-                                   "code": commit, **summary}, indent=1) + "\n")
+                                   "code": commit,
+                                   "cells": {fi: {k: c.get(k) for k in ("date", "code", "machine", "sample", "seconds")} for fi, c in cells.items()},
+                                   **summary}, indent=1) + "\n")
     return 0
 
 
