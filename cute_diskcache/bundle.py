@@ -316,7 +316,8 @@ def import_bundle(root: Path, bundle: Path, *, hmac_key: bytes | None = None, tr
                         continue
                     total += member.size
                     try:
-                        ingest.stage_file(ent.dir / name, _member_chunks(tar, member), staging=staging, shared=trust_shared)
+                        ingest.stage_file(ent.dir / name, _member_chunks(tar, member), staging=staging, shared=trust_shared,
+                                          group=trust_group)
                         if name == entry.MANIFEST:
                             why = ent.read_manifest()
                     except FileExistsError:

@@ -6,22 +6,27 @@ process's counters. Bytes and files are :mod:`.entry`'s and :mod:`.store`'s busi
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import config, devicefacts, entry, eviction, explain, export, loader, locking, report, stats
+from . import as_compiled, config, devicefacts, entry, eviction, explain, export, loader, locking, report, stats
 from .errors import CacheMissError
 from .key import CacheKey
-from .store import Store
+from .store import Store, side_data_refusal
 
 if TYPE_CHECKING:
     from .remote import LazyRemote
     from .remote.client import RemoteCache
 
 log = logging.getLogger("cute_diskcache")
+
+#: In the side data a hit returns (a copy, never stored): the entry it came from, read again only
+#: when a caller asks the kernel for what the compile held (:class:`.as_compiled.Payloads`).
+HIT_FROM = "_hit_from"
 
 #: CUTE_DISKCACHE_ON_MISS values; the first is the default. ``warn`` is ``compile`` under the name
 #: vLLM's ``--jit-monitor-mode warn`` uses: both compile, with a WARNING saying why it missed.
@@ -82,7 +87,7 @@ class CompileCache:
         self.single_flight = single_flight
         self.lock_timeout = lock_timeout
         self.counters = Counters()
-        stats.bind(store.root if store.writable else None, shared=store.trust_shared)
+        stats.bind(store.root if store.writable else None, shared=store.trust_shared, group=store.trust_group)
         # (site, digest, "hit" | "miss", seconds, persist seconds), in order: what the bench
         # and tests read. seconds is the load (hit) or the compile (miss); persist seconds is
         # the export + write a miss added on top of its compile.
@@ -91,7 +96,14 @@ class CompileCache:
         # compile | warn | error: what a miss does (read once: a process's policy does not change under it)
         self.on_miss = on_miss_setting()
         self.miss_level = logging.WARNING  # of the line each compile logs (why it missed)
+        # serve | prewarm: whose lookups the statistics count (prewarm's apart: its compiles are
+        # its job, not misses, and a fresh prewarm must not read as a 5% hit rate)
+        self.counting = "serve"
         self._announced = False
+        # A rank of an engine whose ranks were not set up at attach says its attach line at its
+        # first request (:func:`.report.attached`); which rank this process is, once known.
+        self.attach_line_due = False
+        self.ranks: Any = None
         # digest -> why a verified entry was refused at this process's last lookup (load, extra)
         self._refused: dict[str, BaseException] = {}
 
@@ -106,9 +118,11 @@ class CompileCache:
     def for_prewarm(self) -> None:
         """A prewarm worker's cache: compiling is its job, whatever ``CUTE_DISKCACHE_ON_MISS``
         says; each compile is logged at DEBUG, and there is no attach line or exit summary
-        (prewarm reports for itself). Call before flashinfer is imported."""
+        (prewarm reports for itself). Its hits and compiles are counted as ``prewarm_*``
+        statistics, apart from serving's hits and misses. Call before flashinfer is imported."""
         self.on_miss = "compile"
         self.miss_level = logging.DEBUG
+        self.counting = "prewarm"
         self._announced = True
 
     def warm_up(self) -> float:
@@ -153,12 +167,16 @@ class CompileCache:
 
         A miss compiles under the key's single-flight lock when the store can write: once we
         hold it, whoever held it before us has finished, so the store is read again first.
+        ``lock_timeout`` bounds the whole wait: the local lock's, then what is left of it for
+        another node's fleet lease.
         Housekeeping that a commit made due runs after the lock is released.
 
         ``CUTE_DISKCACHE_ON_MISS=error`` (:attr:`on_miss`): a local miss raises
         :class:`~.errors.CacheMissError` instead, before any lock, remote fetch or compile.
         """
         self._announce()
+        if self.attach_line_due:
+            report.first_request(self)
         hit = self._try_hit(key, extra_ok=extra_ok)
         if hit is not None:
             return hit
@@ -181,7 +199,10 @@ class CompileCache:
                         return hit
                 if self.remote is not None:
                     # Fleet-wide single-flight (remote.lease): the entry, or this node's lease to compile it.
-                    with self.remote.flight(key, self.store, self.lock_timeout):
+                    # One bound for the whole wait (docs/fleets.md): what the local lock took is
+                    # not given again to the fleet's lease (a timed-out local wait waited twice).
+                    left = max(0.0, self.lock_timeout - flight.waited_seconds)
+                    with self.remote.flight(key, self.store, left):
                         hit = self._try_hit(key, remote=True, extra_ok=extra_ok)
                         if hit is not None:
                             return hit
@@ -208,9 +229,8 @@ class CompileCache:
             found = None
         if found is not None:
             manifest, data = found
-            extra = manifest["extra"]
-            if extra_ok is not None and not _accepts(extra_ok, extra):
-                why = entry.EntryError("extra", "its side data is not of the shape this version stores")
+            why = side_data_refusal(manifest["extra"], extra_ok)
+            if why is not None:
                 self._refused[key.digest] = why
                 self.store.note_refusal(self.store.entry_dir(key), why)
                 return None
@@ -228,13 +248,16 @@ class CompileCache:
                     self.counters.load_seconds += dt
                     self.counters.saved_seconds += float(manifest["compile_seconds"])
                     self.events.append((key.site, key.digest, "remote-hit" if remote else "hit", dt, 0.0))
-                stats.record(ns, "hits")
-                stats.record(ns, "load_seconds", dt)
-                stats.record(ns, "saved_seconds", float(manifest["compile_seconds"]))
+                if self.counting == "prewarm":
+                    stats.record(ns, "prewarm_hits")
+                else:
+                    stats.record(ns, "hits")
+                    stats.record(ns, "load_seconds", dt)
+                    stats.record(ns, "saved_seconds", float(manifest["compile_seconds"]))
                 if self.store.writable:
                     eviction.touch(self.store.entry_dir(key))
                 log.debug("hit %s %s in %.2f ms", key.site, key.digest[:12], dt * 1e3)
-                return kernel, dict(manifest["extra"])
+                return kernel, {**manifest["extra"], HIT_FROM: as_compiled.Payloads(functools.partial(self.store.read_role, key))}
         return None
 
     def _load(self, key: CacheKey, found: Any) -> Any:
@@ -278,7 +301,8 @@ class CompileCache:
             with self._lock:
                 self.counters.misses += 1
                 self.events.append((key.site, key.digest, "failed", time.perf_counter() - t0, 0.0))
-            stats.record(ns, "misses")
+            if self.counting != "prewarm":
+                stats.record(ns, "misses")
             raise
         seconds = time.perf_counter() - t0
         extra = extra_fn(kernel) if extra_fn is not None else {}
@@ -286,9 +310,13 @@ class CompileCache:
             self.counters.misses += 1
             self.counters.compiles += 1
             self.counters.compile_seconds += seconds
-        stats.record(ns, "misses")
-        stats.record(ns, "compiles")
-        stats.record(ns, "compile_seconds", seconds)
+        if self.counting == "prewarm":
+            stats.record(ns, "prewarm_compiles")
+            stats.record(ns, "prewarm_compile_seconds", seconds)
+        else:
+            stats.record(ns, "misses")
+            stats.record(ns, "compiles")
+            stats.record(ns, "compile_seconds", seconds)
         wrote = False
         t_persist = time.perf_counter()
         if self.store.probe_writable():
@@ -335,13 +363,6 @@ class CompileCache:
                    f"(cache {self.store.root}; prewarm it, or set CUTE_DISKCACHE_ON_MISS=compile)")
         log.error("%s", message)
         raise CacheMissError(message, site=key.site, digest=key.digest, reason=why)
-
-
-def _accepts(extra_ok: Callable[[dict[str, Any]], bool], extra: dict[str, Any]) -> bool:
-    try:
-        return bool(extra_ok(extra))
-    except Exception:  # a checker that trips over odd data has answered "no"
-        return False
 
 
 _default: CompileCache | None = None

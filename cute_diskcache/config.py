@@ -99,17 +99,17 @@ SETTINGS_DOC: dict[str, tuple[str, str, str]] = {
         "CUTE_DISKCACHE_TRUST_GROUP",
         "unset",
         "A group (gid or name) whose members are trusted writers, narrower than TRUST_SHARED: a level that group may "
-        "write, or that it owns, is used; one others may write, or another group, is still refused. For a Kubernetes "
-        "fsGroup volume (group-owned, setgid, mode 2775): set it to the fsGroup. Directories we create get that group "
-        "and mode 2775.",
+        "write, or that it owns, is used; one others may write, another group, or a POSIX ACL entry for anyone else, is "
+        "still refused. For a Kubernetes fsGroup volume (group-owned, setgid, mode 2775): set it to the fsGroup. "
+        "Directories we create get that group and mode 2775. Not a gid below 4294967295 nor a known name: no group, one warning.",
     ),
     "read_dirs": (
         "CUTE_DISKCACHE_READ_DIRS",
         "unset",
         "Colon-separated read-only cache roots looked up after CUTE_DISKCACHE_DIR, in order (as XDG_DATA_DIRS after "
         "XDG_DATA_HOME): an image-baked cache under a writable volume. A hit is loaded from the layer that has it; "
-        "new entries go to CUTE_DISKCACHE_DIR; a layer is never written or quarantined. stats/list/verify see "
-        "CUTE_DISKCACHE_DIR only.",
+        "new entries go to CUTE_DISKCACHE_DIR; a layer is never written or quarantined. Absolute paths only (a relative "
+        "one is ignored, with one warning); a missing one is said once. stats/list/verify see CUTE_DISKCACHE_DIR only.",
     ),
     "hmac_key": (
         "CUTE_DISKCACHE_HMAC_KEY",
@@ -377,39 +377,65 @@ def resolve_root() -> tuple[Path, str]:
     return Path(platformdirs.user_cache_dir("cute-diskcache", appauthor=False)), "user cache dir"
 
 
+#: ``(gid_t)-1``: to ``chown`` "leave the group as it is", never a group; gids run below it.
+_NO_GID = 2**32 - 1
+
+
 def trust_group() -> int | None:
-    """``CUTE_DISKCACHE_TRUST_GROUP`` as a gid: a number, or a group name this host knows; anything
-    else trusts no group, with a warning (never a wider trust than asked for)."""
+    """``CUTE_DISKCACHE_TRUST_GROUP`` as a gid: a number (ASCII digits, below 4294967295), or a
+    group name this host knows; anything else trusts no group, with one warning (never a wider
+    trust than asked for, never an exception: ``'²'`` passes ``str.isdigit`` and ``int`` raises on
+    it; 20 digits overflowed ``chown`` inside a compile; 4294967295 made ``chown`` a no-op)."""
     raw = text("trust_group")
     if raw is None:
         return None
-    if raw.isdigit():
-        return int(raw)
+    name = env_name("trust_group")
+    if raw.isascii() and raw.isdigit():
+        if int(raw) < _NO_GID:
+            return int(raw)
+        _warn_once(name, raw, "ignoring %s=%r (not a group id: gids run from 0 to %d); no group is trusted", name, raw, _NO_GID - 1)
+        return None
     try:
         import grp
 
         return grp.getgrnam(raw).gr_gid
-    except (KeyError, ImportError):
-        import logging
-
-        logging.getLogger("cute_diskcache").warning("ignoring %s=%r (no such group here; give the gid); no group is trusted",
-                                                    env_name("trust_group"), raw)
+    except Exception:  # KeyError (no such group), a name the C library cannot take
+        _warn_once(name, raw, "ignoring %s=%r (no such group here; give the gid); no group is trusted", name, raw)
         return None
 
 
 def read_dirs(root: Path) -> tuple[Path, ...]:
-    """``CUTE_DISKCACHE_READ_DIRS``: the read-only layers, in order, without blanks, repeats or ``root`` itself."""
+    """``CUTE_DISKCACHE_READ_DIRS``: the read-only layers, in order, without blanks, repeats or ``root`` itself.
+
+    As XDG says of ``XDG_DATA_DIRS``, an entry that is not an absolute path is invalid and
+    ignored (resolved against the working directory, one layer would be another directory in
+    every process that started elsewhere), with one warning. One that does not exist (yet) is
+    kept, with one warning: a volume may be mounted after start, and a typo must not go unsaid.
+    """
+    name = env_name("read_dirs")
     out: list[Path] = []
-    for part in (os.environ.get(env_name("read_dirs")) or "").split(os.pathsep):
+    for part in (os.environ.get(name) or "").split(os.pathsep):
         if part.strip():
             try:
                 path = Path(part.strip()).expanduser()
             except RuntimeError:  # ~user this host does not know: that layer only, never load()
-                _warn_once(env_name("read_dirs"), part, "ignoring %r in %s (cannot expand ~)", part, env_name("read_dirs"))
+                _warn_once(name, part, "ignoring %r in %s (cannot expand ~)", part, name)
+                continue
+            if not path.is_absolute():
+                _warn_once(name, part, "ignoring %r in %s (not an absolute path)", part, name)
                 continue
             if path != root and path not in out:
+                if not _is_dir(path):
+                    _warn_once(name, part, "%s lists %s, which is not a directory here: no hits from it until it is", name, path)
                 out.append(path)
     return tuple(out)
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def load() -> Settings:

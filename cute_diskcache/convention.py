@@ -3,7 +3,9 @@
 ``cute.compile`` wraps a tvm-ffi kernel in the DSL's keyword wrapper (parameter names, trailing
 defaults, keyword-only parameters); a kernel loaded from disk is the bare, positional tvm-ffi
 function. The convention is read from the compiled kernel (:func:`calling_convention`), stored
-beside the artifact as side data, and put back around the loaded one (:func:`with_calling_convention`).
+beside the artifact as side data, and put back around the loaded one (:class:`Convention`),
+inside an object of the compile's own class (:mod:`.as_compiled`). :func:`side_data` is what a
+miss stores, :func:`side_data_ok` what a hit accepts, :func:`as_compiled_hit` what it hands back.
 A caller that compiled with ``KeepPTX`` reads the kernel's PTX (flashinfer's GDN checks it):
 kept compressed beside the artifact (:func:`packed_ptx`) and answered on a hit (:func:`with_ptx`).
 Nothing here knows flashinfer.
@@ -16,6 +18,8 @@ import os
 import zlib
 from pathlib import Path
 from typing import Any
+
+from . import as_compiled
 
 log = logging.getLogger("cute_diskcache")
 
@@ -69,11 +73,32 @@ def convention_ok(conv: Any) -> bool:
             and len(conv["arg_defaults"]) <= len(conv["arg_names"]))
 
 
-def with_calling_convention(kernel: Any, conv: dict[str, Any]) -> Any:
-    """A loaded (bare) tvm-ffi kernel, wrapped to take its arguments as the compiled one did."""
-    if getattr(kernel, "_kwargs_wrapper", None) is not None:
-        return kernel  # compiled in this process: already wrapped
-    return Convention(kernel, conv)
+def side_data(kernel: Any) -> dict[str, Any]:
+    """What a miss stores beside the artifact so a hit can hand back what the compile did: how it
+    takes its arguments, and the compile's class and plain state (:func:`.as_compiled.describe`)."""
+    return {"calling_convention": calling_convention(kernel),
+            "kwargs_wrapper": getattr(kernel, "_kwargs_wrapper", None) is not None,
+            "result": as_compiled.describe(kernel)}
+
+
+def side_data_ok(extra: dict[str, Any]) -> bool:
+    """Side data from disk has the shape :func:`side_data` writes (else the entry is a miss: one
+    written before the compile's class was kept would hand back a bare function)."""
+    wrapped, result = extra.get("kwargs_wrapper"), extra.get("result", False)
+    if not isinstance(wrapped, bool) or not (result is None or as_compiled.valid(result)):
+        return False
+    return convention_ok(extra.get("calling_convention")) if wrapped else extra.get("calling_convention") is None
+
+
+def as_compiled_hit(loaded: Any, extra: dict[str, Any], payloads: as_compiled.Payloads) -> Any:
+    """A hit's loaded kernel as the compile handed it (:func:`.as_compiled.rebuild`); as loaded,
+    with its calling convention, where the compile's result was not the DSL's compiled function."""
+    conv = extra.get("calling_convention")
+    wrapper = Convention(loaded, conv) if extra.get("kwargs_wrapper") and convention_ok(conv) else None
+    result = extra.get("result")
+    if result is None:
+        return wrapper if wrapper is not None else loaded
+    return as_compiled.rebuild(loaded, result, wrapper, payloads)
 
 
 class Convention:
@@ -105,7 +130,10 @@ class Convention:
                       for i, n in enumerate(self._conv["arg_names"])]
             params += [P(n, P.KEYWORD_ONLY, default=self._conv["kwonly_defaults"].get(n, P.empty)) for n in self._kwonly]
             self._signature = inspect.Signature(params)
-        bound = self._signature.bind(*args, **kwargs)
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as exc:  # said as the DSL's keyword wrapper (tvm-ffi's generated ``wrapper``) says it
+            raise TypeError(f"wrapper() {exc}") from None
         bound.apply_defaults()
         return tuple(bound.arguments[p] for p in self._signature.parameters)
 
@@ -155,13 +183,19 @@ class WithPtx:
 
 def with_ptx(kernel: Any, packed: Any, site: str) -> Any:
     """A loaded kernel that answers ``__ptx__`` like the compiled one (a compiled one already does)."""
-    try:
-        have = kernel.__ptx__
-    except Exception:
-        have = None
+    if as_compiled.loaded(kernel):
+        have = None  # its artifacts name the compile's PTX file, long gone
+    else:
+        try:
+            have = kernel.__ptx__
+        except Exception:
+            have = None
     if have:
         return kernel  # compiled in this process
     if not isinstance(packed, bytes):  # not reached: the key says "keep-ptx" and such entries hold it
         log.error("cute-diskcache: %s entry holds no PTX for a caller that reads it", site)
         return kernel
-    return WithPtx(kernel, zlib.decompress(packed).decode())
+    text = zlib.decompress(packed).decode()
+    if as_compiled.loaded(kernel) and as_compiled.set_ptx(kernel, text):
+        return kernel
+    return WithPtx(kernel, text)

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 from . import hostcpu, staleness
 from .key import CacheKey
-from .store import Refusal, Store
+from .store import Refusal, Store, side_data_refusal
 
 #: A finding's status: the entry would be loaded / there is none / there is one this host refuses.
 OK, MISSING, UNUSABLE = "ok", "missing", "unusable"
@@ -32,9 +32,11 @@ class Finding:
     cpu_lacks: list[str] = dataclasses.field(default_factory=list)
     #: the root (the writable one or a read-only layer) whose entry would be loaded (status ok)
     found_in: str | None = None
+    #: the verified entry's side data (status ok), for the site's check
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
 
 
-def inspect(store: Store, key: CacheKey) -> Finding:
+def inspect(store: Store, key: CacheKey, extra_ok: Callable[[dict[str, Any]], bool] | None = None) -> Finding:
     """What a lookup of ``key`` in ``store`` would find on this host, read-only.
 
     The checks of :meth:`.Store.lookup_or_quarantine` without ``load`` (every payload is
@@ -43,6 +45,10 @@ def inspect(store: Store, key: CacheKey) -> Finding:
     quarantined; a refusal is not logged or counted. When no root has a usable entry, the
     first refusal found is the answer (an entry that is there but unusable says more than one
     that is absent), else why the key missed.
+
+    ``extra_ok``: the site's check of the entry's side data, which a hit applies to the first
+    verified entry it finds (:func:`.store.side_data_refusal`): refused there, the hit is a
+    miss, whatever a later layer holds, and so is the finding.
     """
     refused: Finding | None = None
     for where in (store, *getattr(store, "layers", ())):
@@ -50,6 +56,10 @@ def inspect(store: Store, key: CacheKey) -> Finding:
         if found is None:
             continue
         if found.status == OK:
+            why = side_data_refusal(found.extra, extra_ok)
+            if why is not None:
+                return Finding(UNUSABLE, f"{why.reason}: {why.detail} (written by another version of this site; "
+                                         f"a serving process misses it and compiles)", found_in=found.found_in)
             return found
         if refused is None:
             refused = found if where is store else dataclasses.replace(found, why=f"{found.why} (in read-only layer {where.root})")
@@ -67,10 +77,10 @@ def _inspect_one(store: Store, key: CacheKey) -> Finding | None:
     if verdict is None:
         return None
     if not isinstance(verdict, Refusal):
-        return Finding(OK, found_in=str(store.root))
+        return Finding(OK, found_in=str(store.root), extra=dict(verdict[0].get("extra") or {}))
     exc = verdict.error
     if exc.reason == "host-cpu" and verdict.manifest is not None:
-        lacking = hostcpu.missing(verdict.manifest.get("host_isa") or [])
+        lacking = hostcpu.missing(verdict.manifest.get("host_isa") or [], machine=(verdict.manifest.get("env") or {}).get("machine"))
         return Finding(UNUSABLE, f"host CPU lacks {', '.join(lacking)} (the entry was built on a CPU with them)", lacking)
     if exc.reason in ("link", "untrusted"):
         return Finding(UNUSABLE, f"refused: {exc.detail}")

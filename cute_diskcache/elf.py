@@ -24,6 +24,13 @@ class Section(NamedTuple):
     link: int
 
 
+def machine(image: bytes) -> int | None:
+    """``e_machine`` of an ELF image (62 x86_64, 183 aarch64, 190 CUDA), or None when it is not one."""
+    if len(image) < 20 or not image.startswith(b"\x7fELF"):
+        return None
+    return int(struct.unpack_from("<H", image, 18)[0])
+
+
 def sections(image: bytes) -> list[Section]:
     """The section headers of a 64-bit little-endian ELF image; ``struct.error`` or
     ``ValueError`` when it is damaged."""

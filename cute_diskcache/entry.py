@@ -158,7 +158,7 @@ def build_manifest(key: CacheKey, art: Artifact, payloads: dict[str, list[dict[s
         "created": time.time(),
         "host": socket.gethostname(),
         "writer": f"cute-diskcache {_version.__version__}",
-        "host_isa": list(hostcpu.isa_extensions()),
+        "host_isa": list(hostcpu.recorded()),
         "device": art.device,
         "extra": art.extra,
     }
@@ -277,7 +277,7 @@ def _read_regular(path: Path, limit: int, owner: int | None = None) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise EntryError("unreadable", f"{path.name} is not a regular file")
-        why = trust.file_refusal(path, st, owner)
+        why = trust.file_refusal(path, st, owner, fd)
         if why is not None:
             raise EntryError("untrusted", why)
         chunks: list[bytes] = []
@@ -405,7 +405,7 @@ def verify(entry_dir: Path, manifest: dict[str, Any], key: CacheKey | None, *, o
             raise EntryError("stale", f"environment differs in {', '.join(diff) or 'digest'}")
         if manifest["key_bytes"] != key.key_bytes or manifest["digest"] != key.digest:
             raise EntryError("foreign", "entry holds another key")
-        lacking = hostcpu.missing(manifest.get("host_isa") or [])
+        lacking = hostcpu.missing(manifest.get("host_isa") or [], machine=theirs.get("machine"))
         if lacking:
             raise EntryError("host-cpu", f"built on a CPU with {', '.join(lacking[:6])}, which this CPU lacks")
         why = devicefacts.mismatch(manifest["device"])

@@ -44,10 +44,35 @@ def why_missed(store: Any, key: CacheKey, *, refused: BaseException | None = Non
 
 
 def _why(store: Any, key: CacheKey, refused: BaseException | None) -> str:
-    if not store.trusted:
-        return f"cache root refused: {getattr(store, '_refusal', None) or 'not trusted'}"
     if refused is not None:
         return f"entry refused: {_entry_reason(refused)}"
+    if not store.trusted:
+        return f"cache root refused: {getattr(store, '_refusal', None) or 'not trusted'}{_layers(store, key)}"
+    return _in_root(store, key) + _layers(store, key)
+
+
+def _layers(store: Any, key: CacheKey) -> str:
+    """What the read-only layers (``CUTE_DISKCACHE_READ_DIRS``) said: ``; read layer /opt/x: no entry``,
+    ``... does not exist``, ``... refused: <why>``, ``... entry refused: <why>``; empty without layers."""
+    parts = []
+    for layer in getattr(store, "layers", ()):
+        if not os.path.isdir(layer.root):
+            parts.append(f"{layer.root} does not exist")
+        elif not layer.trusted:
+            parts.append(f"{layer.root} refused: {getattr(layer, '_refusal', None) or 'not trusted'}")
+        else:
+            verdict = layer.judge(key)
+            error = getattr(verdict, "error", None)
+            if error is not None:
+                parts.append(f"{layer.root}: entry refused: {_entry_reason(error)}")
+            else:
+                parts.append(f"{layer.root}: {'no entry' if verdict is None else 'entry present but not used'}")
+    if not parts:
+        return ""
+    return f"; read layer{'s' if len(parts) != 1 else ''} {'; '.join(parts)}"
+
+
+def _in_root(store: Any, key: CacheKey) -> str:
     path: Path = store.entry_dir(key)
     if os.path.lexists(path):
         try:

@@ -49,16 +49,26 @@ def export(
     so a read-only or full ``/tmp`` does not turn persistence off). Other compiles go through
     ``dump_to_object``. A tvm-ffi object is then linked into a shared object where a toolchain
     exists (:func:`.loader.link`); a link that fails only leaves the entry without one.
+
+    In a process that writes another machine's host code (:mod:`.hostmachine`: a prewarm on
+    x86 for a DGX Spark) the object is written for that machine (:mod:`.crossbuild`) and never
+    linked here; a DSL that cannot write it raises, and nothing is persisted.
     """
     import tempfile
 
-    from . import loader
+    from . import hostmachine, loader
 
     t0 = time.perf_counter()
     symbol = symbol_for(digest)
     tvm_ffi = hasattr(compiled, "__tvm_ffi_object__") or "TVMFFI" in type(compiled).__name__
-    obj = _compile_time_object(compiled, captured) if tvm_ffi else None
-    if obj is not None:
+    if hostmachine.cross():
+        from . import crossbuild
+
+        obj = crossbuild.host_object(compiled, hostmachine.current(), symbol)
+        if tvm_ffi:
+            symbol = str(compiled.function_name)  # it exports __tvm_ffi_<function name>, as a captured object does
+        link = False  # another machine's object: its toolchain, not ours
+    elif (obj := _compile_time_object(compiled, captured) if tvm_ffi else None) is not None:
         symbol = str(compiled.function_name)
     else:
         def run() -> bytes:

@@ -51,8 +51,23 @@ def isa_extensions() -> tuple[str, ...]:
     return ()
 
 
-def missing(recorded: list[str] | tuple[str, ...]) -> list[str]:
-    """Extensions the build CPU had that this one lacks (empty if we cannot tell)."""
+def recorded() -> tuple[str, ...]:
+    """What a new entry records as its build CPU's extensions: this CPU's, or none when this
+    process writes another machine's host code (:mod:`.hostmachine`): that object is built for
+    the machine's baseline (no ``-mcpu``), and this CPU's extensions say nothing about it."""
+    from . import hostmachine
+
+    return () if hostmachine.cross() else isa_extensions()
+
+
+def missing(recorded: list[str] | tuple[str, ...], machine: str | None = None) -> list[str]:
+    """Extensions the build CPU had that this one lacks (empty if we cannot tell).
+
+    ``machine``: the entry's host machine. An entry of another machine (``check --target
+    dgx-spark`` on an x86 box reads aarch64 entries) cannot be judged against this CPU: empty.
+    """
+    if machine is not None and str(machine).lower() != platform.machine().lower():
+        return []
     return list(_missing(tuple(recorded), isa_extensions()))
 
 

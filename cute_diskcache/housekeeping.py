@@ -152,7 +152,7 @@ def _degraded_turn(root: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _maintenance_lock(root: Path, shared: bool, *, turn_taken: bool = False) -> Iterator[bool]:
+def _maintenance_lock(root: Path, shared: bool, *, turn_taken: bool = False, group: int | None = None) -> Iterator[bool]:
     """Whether we got the root's maintenance lock (never waited for: someone else is doing it).
 
     On a root whose filesystem gives no locks, True at most hourly per process (see above);
@@ -165,7 +165,10 @@ def _maintenance_lock(root: Path, shared: bool, *, turn_taken: bool = False) -> 
         return
     path = Path(root) / layout.LOCKS_DIR / "maintenance.lock"
     try:
-        trust.make_dirs(Path(root), path.parent, shared=shared)
+        if group is not None:  # locks/ is a level the trust check reads: the group's, 2775 (see locking._make_dirs)
+            trust.make_dirs(Path(root), path.parent, shared=False, group=group)
+        else:
+            trust.make_dirs(Path(root), path.parent, shared=shared)
         fd = locking.open_lock_file(path, eviction.file_mode(shared))
     except OSError:
         yield False
@@ -185,7 +188,7 @@ def _maintenance_lock(root: Path, shared: bool, *, turn_taken: bool = False) -> 
         locking.release(fd, token)
 
 
-def maintain(root: Path, *, force: bool = False, shared: bool = False) -> dict[str, Any] | None:
+def maintain(root: Path, *, force: bool = False, shared: bool = False, group: int | None = None) -> dict[str, Any] | None:
     """Reconcile the counter (daily, or when missing) and housekeep (hourly); None if not due.
 
     Called by a process after a commit, outside its compile lock, so a miss never waits on it;
@@ -200,7 +203,7 @@ def maintain(root: Path, *, force: bool = False, shared: bool = False) -> dict[s
     degraded = eviction.counter_degraded(root)
     if degraded and not force and not _degraded_turn(root):
         return None
-    with _maintenance_lock(root, shared, turn_taken=degraded) as mine:
+    with _maintenance_lock(root, shared, turn_taken=degraded, group=group) as mine:
         if not mine:
             return None
         out: dict[str, Any] = {}

@@ -91,10 +91,13 @@ def checked_files(d: Path, manifest: dict[str, Any], hmac_key: bytes | None) -> 
     return out
 
 
-def stage_file(dest: Path, chunks: Iterable[bytes], *, staging: Path, shared: bool = False, durable: bool = True) -> None:
+def stage_file(dest: Path, chunks: Iterable[bytes], *, staging: Path, shared: bool = False, durable: bool = True,
+               group: int | None = None) -> None:
     """Write ``chunks`` to ``dest``, a new file under ``staging`` (never an existing one, never
-    through a link), making the directories with their modes. ``durable`` fsyncs it."""
-    trust.make_dirs(staging, dest.parent, shared=shared)  # the entry directory moves into v1/ as made here
+    through a link), making the directories with their modes. ``durable`` fsyncs it. ``group``
+    (``CUTE_DISKCACHE_TRUST_GROUP``): the directories get it and mode 2775, as a commit's do."""
+    # The entry directory moves into v1/ as made here.
+    trust.make_dirs(staging, dest.parent, shared=shared, **({"group": group} if group is not None else {}))
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
         for chunk in chunks:
@@ -156,7 +159,7 @@ def _merge(root: Path, store: Store, staged: Path, dest: Path, report: ImportRep
             else:
                 report.kept.append(digest)
                 return
-    trust.make_dirs(root, dest.parent, shared=store.trust_shared)
+    store.make_dirs(dest.parent)  # the store's modes: under a trusted group, the group's 2775 (issue 29)
     try:
         os.rename(staged, dest)
     except OSError as exc:
@@ -165,7 +168,7 @@ def _merge(root: Path, store: Store, staged: Path, dest: Path, report: ImportRep
             return
         raise
     entry._fsync_dir(dest.parent)
-    eviction.adjust(root, layout.entry_bytes(dest), 1, shared=store.trust_shared)
+    eviction.adjust(root, layout.entry_bytes(dest), 1, shared=store.bookkeeping_shared)
     if digest in report.replaced:
         return
     report.imported.append(digest)

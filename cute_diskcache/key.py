@@ -16,7 +16,6 @@ import importlib.metadata
 import marshal
 import math
 import os
-import platform
 import re
 import stat
 import struct
@@ -288,6 +287,12 @@ def _device_class() -> str:
     return device_class()
 
 
+def _host_machine() -> str:
+    from .hostmachine import current
+
+    return current()
+
+
 def current_arch() -> str:
     """The arch the DSL will compile for: ``CUTE_DSL_ARCH``, else the DSL's own detection."""
     arch = os.environ.get("CUTE_DSL_ARCH")
@@ -491,7 +496,9 @@ class Environment:
     arch: str
     dsl: tuple[tuple[str, str], ...] = field(default_factory=dsl_stack)
     codegen_env: tuple[tuple[str, str], ...] = field(default_factory=lambda: tuple(codegen_env().items()))
-    machine: str = field(default_factory=platform.machine)  # host code: x86_64 vs aarch64 (DGX Spark)
+    # host code: x86_64 vs aarch64 (DGX Spark); this machine's, or the one a prewarm for another
+    # host's card writes (.hostmachine)
+    machine: str = field(default_factory=lambda: _host_machine())
     # capability and SM count of the card compiled for (a target profile's or the live one's);
     # the other device facts a compile reads are recorded in its manifest (see .devicefacts)
     device: str = field(default_factory=lambda: _device_class())

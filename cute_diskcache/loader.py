@@ -132,7 +132,12 @@ def load_shared(data: bytes, symbol: str) -> Any:
 
 
 def load_object(data: bytes, symbol: str, tvm_ffi: bool) -> Any:
-    """A kernel from verified object bytes, through the DSL's loader (every kind of kernel).
+    """A kernel from verified object bytes, through the DSL's loader (every kind of kernel)."""
+    return getattr(object_module(data, tvm_ffi), symbol)
+
+
+def object_module(data: bytes, tvm_ffi: bool) -> Any:
+    """Verified object bytes loaded as the DSL loads an exported object (its ``ExternalBinaryModule``).
 
     The bytes go through an anonymous in-memory file where the OS has one, so the code that
     runs is the code whose checksum was verified, not whatever a path holds a moment later.
@@ -142,17 +147,15 @@ def load_object(data: bytes, symbol: str, tvm_ffi: bool) -> Any:
     if hasattr(os, "memfd_create"):
         fd = _memfd(data, "cute_diskcache_obj")
         try:
-            module = load_module(f"/proc/self/fd/{fd}", enable_tvm_ffi=tvm_ffi)
+            return load_module(f"/proc/self/fd/{fd}", enable_tvm_ffi=tvm_ffi)
         finally:
             os.close(fd)  # load_module read the bytes; nothing maps this path
-    else:  # pragma: no cover - non-Linux
-        with tempfile.NamedTemporaryFile(suffix=".o", delete=False) as tmp:
-            tmp.write(data)
-        try:
-            module = load_module(tmp.name, enable_tvm_ffi=tvm_ffi)
-        finally:
-            os.unlink(tmp.name)
-    return getattr(module, symbol)
+    with tempfile.NamedTemporaryFile(suffix=".o", delete=False) as tmp:  # pragma: no cover - non-Linux
+        tmp.write(data)
+    try:
+        return load_module(tmp.name, enable_tvm_ffi=tvm_ffi)
+    finally:
+        os.unlink(tmp.name)
 
 
 # --------------------------------------------------------------------------------------------

@@ -187,7 +187,18 @@ def try_flock(fd: int) -> bool:
             raise
 
 
-def _make_dirs(root: Path, shard: Path, dir_mode: int) -> None:
+def _make_dirs(root: Path, shard: Path, shared: bool, group: int | None) -> None:
+    """``locks/`` and its shard. Under a trusted group with :func:`.trust.make_dirs`: that group
+    and mode 2775 (setgid), as every level the trust check reads must be; made with the umask's
+    mode and this process's own group, ``locks/`` read "writable by group" to the next process,
+    which then refused the whole root (issue 29). Otherwise private, or the umask's under
+    ``TRUST_SHARED``."""
+    if group is not None:
+        from . import trust
+
+        trust.make_dirs(root, shard, shared=False, group=group)
+        return
+    dir_mode = 0o777 if shared else 0o755
     root.mkdir(mode=dir_mode, parents=True, exist_ok=True)
     for d in (root / LOCKS_DIR, shard):
         try:
@@ -196,12 +207,13 @@ def _make_dirs(root: Path, shard: Path, dir_mode: int) -> None:
             pass
 
 
-def _acquire(root: Path, digest: str, timeout: float, label: str, shared: bool) -> tuple[tuple[int, object] | None, Flight]:
+def _acquire(root: Path, digest: str, timeout: float, label: str, shared: bool,
+             group: int | None = None) -> tuple[tuple[int, object] | None, Flight]:
     if without_locks(root):
         return None, Flight(False, "unavailable")
     path = lock_path(root, digest)
     try:
-        _make_dirs(Path(root), path.parent, 0o777 if shared else 0o755)
+        _make_dirs(Path(root), path.parent, shared, group)
         fd = open_lock_file(path, 0o664 if shared else 0o600)
     except Exception as exc:  # OSError (EACCES, ENOSPC, EROFS, a link at the path...)
         log.debug("no single-flight lock for %s (%s: %s); compiling without it", label, type(exc).__name__, exc)
@@ -241,14 +253,16 @@ def _acquire(root: Path, digest: str, timeout: float, label: str, shared: bool) 
 
 
 @contextlib.contextmanager
-def single_flight(root: Path, digest: str, *, timeout: float = DEFAULT_TIMEOUT_S, label: str = "", shared: bool = False) -> Iterator[Flight]:
+def single_flight(root: Path, digest: str, *, timeout: float = DEFAULT_TIMEOUT_S, label: str = "", shared: bool = False,
+                  group: int | None = None) -> Iterator[Flight]:
     """Hold ``digest``'s lock for the body (compile + commit), or yield a lock-less :class:`Flight`.
 
-    ``shared`` (``CUTE_DISKCACHE_TRUST_SHARED``): lock directories and files follow the umask
-    and are group-writable, so a fleet of users sharing the volume can all lock. Never raises
-    on account of the lock: every failure degrades to compiling without it.
+    ``shared`` (``CUTE_DISKCACHE_TRUST_SHARED``, or a trusted group): lock files follow the umask
+    and are group-writable, so a fleet of users sharing the volume can all lock; the directories
+    follow the umask too, or with ``group`` (``CUTE_DISKCACHE_TRUST_GROUP``) get that group and
+    mode 2775. Never raises on account of the lock: every failure degrades to compiling without it.
     """
-    held, flight = _acquire(Path(root), digest, max(0.0, timeout), label or digest[:12], shared)
+    held, flight = _acquire(Path(root), digest, max(0.0, timeout), label or digest[:12], shared, group)
     try:
         yield flight
     finally:

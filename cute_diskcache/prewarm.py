@@ -87,6 +87,7 @@ class Kernel:
     error: str | None = None
     group: str = "moe"  # moe | dense
     call: dict[str, Any] | None = None  # dense: the call that requests it (:mod:`.prewarm_dense`)
+    extra_ok: Any = None  # the site's check of an entry's side data, which a hit applies (ours only)
 
     def job(self) -> dict[str, Any]:
         """What a worker is sent to request this kernel again."""
@@ -145,7 +146,7 @@ def plan(shape: Any, ms: list[int], max_num_tokens: int, functional: bool = Fals
             raise NotImplementedError(f"no exact offline plan: {d.offline_limit}")
         for req, recipe, m in flashinfer_sites.planned_requests(requested, _calls(d, ms, functional), tick(progress, kernels)):
             k = kernels.setdefault(req["digest"], Kernel(req["digest"], req["kind"], native=bool(req.get("native")),
-                                                         key=req.get("key"), recipe=recipe))
+                                                         key=req.get("key"), recipe=recipe, extra_ok=req.get("extra_ok")))
             if req.get("native"):
                 k.path = req.get("path")
             if req.get("cached"):  # native: flashinfer's cache already has it
@@ -172,8 +173,10 @@ def _entry_size(path: Path) -> int:
 
 def mark_cached(kernels: dict[str, Kernel]) -> None:
     """Flag kernels the serving engine would hit: the store's own lookup, with every check
-    serving applies (trust, links, environment, arch, host CPU, checksums), no load."""
+    serving applies (trust, links, environment, arch, host CPU, checksums, the site's side
+    data), no load."""
     from .cache import default_cache
+    from .store import side_data_refusal
 
     store = default_cache().store
     for k in kernels.values():
@@ -181,7 +184,8 @@ def mark_cached(kernels: dict[str, Kernel]) -> None:
             if k.status == "cached" and k.path and os.path.isfile(k.path):
                 k.bytes = os.path.getsize(k.path)
             continue
-        if k.key is not None and store.lookup_or_quarantine(k.key) is not None:
+        found = store.lookup_or_quarantine(k.key) if k.key is not None else None
+        if found is not None and side_data_refusal(found[0]["extra"], k.extra_ok) is None:
             k.status, k.bytes = "cached", _entry_size(store.entry_dir(k.key))
 
 
@@ -196,10 +200,11 @@ def worker_main(args: argparse.Namespace) -> int:
     A job is ``{"moe": [m, ...]}`` (the m values to dispatch, the last one requesting the
     kernel) or ``{"dense": {...}}`` (a :mod:`.prewarm_dense` recipe).
     """
-    from . import models, prewarm_dense
+    from . import hostmachine, models, prewarm_dense
     from .activation import install
     from .cache import default_cache
 
+    hostmachine.build_for(args.host_machine)  # the parent chose it (:func:`choose_host_machine`)
     install(target=args.target)
     cache = default_cache()
     cache.for_prewarm()
@@ -283,6 +288,10 @@ def start_workers(shape: Any, args: argparse.Namespace, n: int, dense: Any = Non
         cmd.append("--functional")
     if args.target:
         cmd += ["--target", args.target]
+    from . import hostmachine
+
+    if hostmachine.cross():
+        cmd += ["--host-machine", hostmachine.current()]
     events: queue.Queue[tuple[_Worker, dict[str, Any] | None]] = queue.Queue()
     return [_Worker(cmd, events) for _ in range(max(1, n))], events
 
@@ -451,9 +460,17 @@ def where_written(kernels: dict[str, Kernel]) -> dict[str, Any]:
 
 
 def _cpu_extras() -> list[str]:
-    from . import hostcpu
+    """This CPU's extensions beyond the serving baseline, which the entries record; none when
+    they hold another machine's host code (built for that machine's baseline)."""
+    from . import hostcpu, hostmachine
 
-    return hostcpu.beyond_baseline()
+    return [] if hostmachine.cross() else hostcpu.beyond_baseline()
+
+
+def _host_machine() -> str:
+    from . import hostmachine
+
+    return hostmachine.current()
 
 
 def _ranges(ms: list[int]) -> str:
@@ -478,16 +495,19 @@ def argv_of_plan(args: argparse.Namespace) -> list[str]:
     out += ["--dtype", args.dtype] if getattr(args, "dtype", "auto") != "auto" else []
     out += ["--m", _ranges(args.m)] if args.m else []
     out += ["--target", args.target] if args.target else []
+    out += ["--host-machine", args.host_machine] if getattr(args, "host_machine", None) else []
     out += ["--functional"] if args.functional else []
     out += ["--no-dense"] if not args.dense else []
     out += ["--no-autotune"] if not args.autotune else []
     return out
 
 
-def print_next_steps(written: dict[str, Any], cpu_extras: list[str], plan_argv: list[str]) -> None:
+def print_next_steps(written: dict[str, Any], cpu_extras: list[str], plan_argv: list[str], host_machine: str | None = None) -> None:
     """Prewarm's closing lines: where it wrote, what to serve with, how to gate a deploy, and a
     build CPU whose extensions common serving CPUs lack (every entry would miss there)."""
     import shlex
+
+    from . import hostmachine
 
     root = written["root"]
     print(f"\nwrote to {root}: {written['entries']} entr{'y' if written['entries'] == 1 else 'ies'} ({written['bytes'] / 1e6:.1f} MB)"
@@ -497,6 +517,10 @@ def print_next_steps(written: dict[str, Any], cpu_extras: list[str], plan_argv: 
     print(f"next: serve with FLASHINFER_B12X_DISK_CACHE=1 CUTE_DISKCACHE_DIR={shlex.quote(root)}")
     print(f"      gate a deploy with: cute-diskcache --root {shlex.quote(root)} check {shlex.join(plan_argv)}"
           + ("  (on the serving host, without --target: its GPU decides)" if "--target" in plan_argv else ""))
+    if host_machine and host_machine != hostmachine.here():
+        print(f"note: the entries hold {host_machine} host code (cross-built on this {hostmachine.here()} machine) for "
+              f"{host_machine} serving hosts; this machine cannot load them, and the check above answers for an "
+              f"{host_machine} host here too")
     if cpu_extras:
         from . import hostcpu
 
@@ -527,6 +551,9 @@ def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
                     help="the engine's activation dtype (vLLM's --dtype): the dense GEMMs' output dtype (default: the checkpoint's)")
     ap.add_argument("--m", type=parse_ms, default=None, help="token counts to cover, e.g. 1-8,16,128 (default 1..max-num-batched-tokens)")
     ap.add_argument("--target", default=config.text("target"), help="device profile to compile for (no GPU needed)")
+    ap.add_argument("--host-machine", default=None, metavar="MACHINE",
+                    help="the serving host's CPU architecture, x86_64 or aarch64, whose host code the entries hold "
+                         "(default: the target's: aarch64 for dgx-spark, x86_64 for the RTX cards)")
     ap.add_argument("--functional", action="store_true",
                     help="flashinfer >= 0.7.4: the keys of the functional b12x_fused_moe path (and the wrapper without "
                          "CUDA graphs) for every workspace size those m can meet, instead of the CUDA-graph wrapper's")
@@ -610,6 +637,46 @@ class PlanRefused(Exception):
     """The model, flags or stack cannot be planned (exit 2): one line that says why."""
 
 
+def choose_host_machine(args: argparse.Namespace) -> str:
+    """Key (and write) host code in this process for the machine the target's card is served
+    from (:mod:`.hostmachine`): the target profile's, or ``--host-machine``. Whether this
+    machine can write it is asked after the profile is applied (:func:`cross_refusal`)."""
+    from . import hostmachine, targets
+
+    override = getattr(args, "host_machine", None)
+    try:
+        machine = hostmachine.for_target(targets.get(args.target).host_machines if args.target else (), override)
+    except hostmachine.UnknownMachineError as exc:
+        raise PlanRefused(str(exc)) from None
+    if not args.target and machine != hostmachine.here():
+        raise PlanRefused(f"--host-machine {override} needs --target: without one, this machine's GPU and CPU are the ones served")
+    hostmachine.build_for(machine)
+    return machine
+
+
+def cross_refusal(args: argparse.Namespace, root: str) -> str | None:
+    """Why this machine cannot write the host code the target needs (one line naming the way
+    that works: an arm64 build under emulation, the exact command), or None. Asked after the
+    target profile is applied, before anything is compiled: the DSL is imported to answer."""
+    import shlex
+
+    from . import crossbuild, hostmachine
+
+    if not hostmachine.cross():
+        return None
+    machine = hostmachine.current()
+    why = crossbuild.refusal(machine)
+    if why is None:
+        return None
+    platform = {"aarch64": "linux/arm64", "x86_64": "linux/amd64"}[machine]
+    command = (f"docker run --rm --platform {platform} -v {shlex.quote(root)}:/cache -e CUTE_DISKCACHE_DIR=/cache "
+               f"<your {platform} serving image> cute-diskcache prewarm {shlex.join(argv_of_plan(args))}")
+    return (f"target {args.target} is served from an {machine} host and this machine is {hostmachine.here()}: its entries must "
+            f"hold {machine} host code, and this DSL cannot write it here ({why}); nothing was compiled. Prewarm in a "
+            f"{platform} environment instead, e.g. under emulation on this machine: {command} "
+            f"(docs/targets.md, 'Another host machine')")
+
+
 def _raised_in_flashinfer(exc: BaseException) -> bool:
     """Whether flashinfer's own code raised ``exc`` (its refusal of a configuration), not ours:
     only then is it the user's answer rather than a bug to show with its traceback."""
@@ -629,6 +696,7 @@ def resolve(args: argparse.Namespace) -> tuple[Any, Any, list[str], list[int]]:
     refusal = targets.refusal(args.target)
     if refusal is not None:
         raise PlanRefused(refusal)
+    choose_host_machine(args)
     try:
         shape, dense, notes = _shapes(args)
     except (models.ModelConfigError, models.UnsupportedModelError) as exc:
@@ -732,6 +800,9 @@ def _run(args: argparse.Namespace) -> int:
     from .cache import default_cache
 
     default_cache().for_prewarm()  # the planner reports for itself: no engine attach line or summary
+    cannot = cross_refusal(args, str(default_cache().store.root))
+    if cannot:
+        return refuse(args, cannot)
     pool = None if args.dry_run else start_workers(shape, args, args.jobs, dense)
     try:
         kernels = plan_model(args, shape, dense, ms, quiet=args.json)
@@ -750,6 +821,7 @@ def _run(args: argparse.Namespace) -> int:
     summary["dense_layers"] = dense.as_dict() if dense is not None else None
     summary["notes"] = notes
     summary["target"] = args.target
+    summary["host_machine"] = _host_machine()
     summary["functional"] = args.functional
     summary["autotune"] = args.autotune
     if not args.dry_run:
@@ -757,13 +829,14 @@ def _run(args: argparse.Namespace) -> int:
         summary["host_cpu_beyond_baseline"] = _cpu_extras()
     if args.json:
         summary["kernel_list"] = [{"digest": k.digest, "kind": k.kind, "group": k.group, "ms": k.ms, "status": k.status,
-                                   "native": k.native, "recipe": list(k.recipe) if k.group == "moe" else k.call}
+                                   "native": k.native, "seconds": round(k.seconds, 3),
+                                   "recipe": list(k.recipe) if k.group == "moe" else k.call}
                                   for k in kernels.values()]
         print(json.dumps({"schema": JSON_SCHEMA, **summary}, indent=1))
     else:
         _print_table(shape, dense, kernels, summary, args.dry_run, notes)
         if not args.dry_run:
-            print_next_steps(summary["written"], summary["host_cpu_beyond_baseline"], argv_of_plan(args))
+            print_next_steps(summary["written"], summary["host_cpu_beyond_baseline"], argv_of_plan(args), summary["host_machine"])
     return EXIT_FAILED if summary["failed"] else 0
 
 

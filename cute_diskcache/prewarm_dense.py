@@ -62,5 +62,6 @@ def plan(shape: Any, ms: list[int], max_num_tokens: int, autotune: bool, new_ker
             k = kernels.get(req["digest"])
             if k is None:
                 k = kernels[req["digest"]] = new_kernel(req["digest"], req["kind"], req.get("key"), recipe)
+                k.extra_ok = req.get("extra_ok")  # the site's side-data check, as a hit applies it
             k.ms.append(m)
     return kernels

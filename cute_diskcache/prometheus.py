@@ -37,6 +37,10 @@ COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("remote_seconds", "cute_diskcache_remote_seconds_total", "Seconds spent on remote requests on the lookup path."),
     ("published", "cute_diskcache_published_total", "Entries published to the remote tier."),
     ("publish_dropped", "cute_diskcache_publish_dropped_total", "Entries not published (queue full or remote failing)."),
+    ("prewarm_compiles", "cute_diskcache_prewarm_compiles_total",
+     "Kernels prewarm compiled (not in misses or compiles: those count serving processes only)."),
+    ("prewarm_compile_seconds", "cute_diskcache_prewarm_compile_seconds_total", "Seconds prewarm spent compiling."),
+    ("prewarm_hits", "cute_diskcache_prewarm_hits_total", "Kernels prewarm found cached (not in hits)."),
 )
 #: Gauges per namespace: what the root holds now.
 NAMESPACE_GAUGES: tuple[tuple[str, str, str], ...] = (
@@ -46,7 +50,17 @@ NAMESPACE_GAUGES: tuple[tuple[str, str, str], ...] = (
 
 
 def escape_label(value: str) -> str:
-    """A label value as the exposition format quotes it: backslash, double quote and newline escaped."""
+    """A label value as the exposition format quotes it: backslash, double quote and newline escaped.
+
+    The format is UTF-8. A path's bytes that are not (``os.fsdecode`` keeps them as lone
+    surrogates) are written as ``\\xff``, the way Python shows such bytes: passed on raw they
+    made the whole file invalid, and the collector dropped every series in it.
+    """
+    try:
+        raw = value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate no byte produced
+        raw = value.encode("utf-8", "backslashreplace")
+    value = raw.decode("utf-8", "backslashreplace")
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 

@@ -23,7 +23,7 @@ import platform
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import layout, logsetup
+from . import layout, logsetup, ranks
 
 if TYPE_CHECKING:
     from .key import CacheKey
@@ -48,19 +48,42 @@ def describe_kernel(key: CacheKey, why: str) -> str:
 
 def attached(cache: Any) -> None:
     """The attach line, and the exit summary registered; never raises. ``cache``: a
-    :class:`~.cache.CompileCache` (not imported here: the cache imports this module)."""
+    :class:`~.cache.CompileCache` (not imported here: the cache imports this module).
+
+    A rank of an engine whose ranks vLLM has not set up yet says it at its first request
+    (:func:`first_request`), when it knows whether it is the one to say it (:mod:`.ranks`)."""
     try:
         logsetup.configure()
         atexit.register(summary, cache)
-        if not log.isEnabledFor(logging.INFO):
+        if ranks.pending():
+            cache.attach_line_due = True
             return
-        store = cache.store
-        count, stack = entries_for_this_stack(Path(store.root))
-        noun = "entry" if count == 1 else "entries"
-        log.info("attached: cache %s (%s), %d %s for this stack (%s); on a miss: %s",
-                 store.root, _access(store), count, noun, stack, cache.on_miss)
+        _say_attached(cache)
     except Exception as exc:  # a log line must never cost the engine
         log.debug("attach line skipped: %s: %s", type(exc).__name__, exc)
+
+
+def first_request(cache: Any) -> None:
+    """The attach line a rank put off (:func:`attached`); never raises."""
+    cache.attach_line_due = False
+    try:
+        _say_attached(cache)
+    except Exception as exc:
+        log.debug("attach line skipped: %s: %s", type(exc).__name__, exc)
+
+
+def _say_attached(cache: Any) -> None:
+    here = ranks.current()
+    cache.ranks = here
+    level = logging.INFO if here is None or here.first else logging.DEBUG
+    if not log.isEnabledFor(level):
+        return
+    store = cache.store
+    count, stack = entries_for_this_stack(Path(store.root))
+    noun = "entry" if count == 1 else "entries"
+    engine = "" if here is None else f"; {here.local_size} ranks on this node (rank {here.rank} of {here.world_size} says this)"
+    log.log(level, "attached: cache %s (%s), %d %s for this stack (%s)%s; on a miss: %s%s",
+            store.root, _access(store), count, noun, stack, _layers(store), cache.on_miss, engine)
 
 
 def _access(store: Any) -> str:
@@ -79,6 +102,26 @@ def _access(store: Any) -> str:
     if not os.access(level, os.W_OK | os.X_OK):
         return "read-only: no write permission" if level == Path(store.root) else f"read-only: cannot create it in {level}"
     return "writable"
+
+
+def _layers(store: Any) -> str:
+    """``; read layers: /opt/cute-diskcache (89 entries)``: the read-only roots looked up after
+    this one (``CUTE_DISKCACHE_READ_DIRS``), each with what it holds for this stack, or why it
+    serves nothing (missing, refused); empty without layers. A baked layer under an empty
+    volume is where the hits come from: the root's own count alone read as an empty cache."""
+    layers = getattr(store, "layers", ())
+    if not layers:
+        return ""
+    parts = []
+    for layer in layers:
+        if not Path(layer.root).is_dir():
+            parts.append(f"{layer.root} (missing)")
+        elif not layer.trusted:
+            parts.append(f"{layer.root} (refused: {layer._refusal})")
+        else:
+            n = entries_for_this_stack(Path(layer.root))[0]
+            parts.append(f"{layer.root} ({n} {'entry' if n == 1 else 'entries'})")
+    return f"; read layer{'s' if len(parts) != 1 else ''}: {', '.join(parts)}"
 
 
 def entries_for_this_stack(root: Path) -> tuple[int, str]:
@@ -125,22 +168,43 @@ def entries_for_this_stack(root: Path) -> tuple[int, str]:
 
 
 def summary(cache: Any) -> None:
-    """The exit line: only when the cache did anything; never raises."""
+    """The exit line: only when the cache did anything; never raises. A rank of an engine leaves
+    its counters for the node's one line, with the totals (:func:`.ranks.report_once`)."""
     try:
-        c = cache.counters
-        if not (c.hits or c.misses or c.errors):
-            return
-        parts = []
-        if c.hits:
-            parts.append(f"{c.hits} hit{'s' if c.hits != 1 else ''}, {c.saved_seconds:.1f} s of compiles saved "
-                         f"({c.load_seconds * 1e3:.0f} ms loading)")
-        if c.misses:
-            compiled = f"{c.compiles} compiled in {c.compile_seconds:.1f} s" if c.compiles else "none compiled"
-            parts.append(f"{c.misses} miss{'es' if c.misses != 1 else ''}, {compiled}")
-        if c.errors:
-            parts.append(f"{c.errors} error{'s' if c.errors != 1 else ''}")
-        if c.lock_waits:
-            parts.append(f"waited {c.lock_wait_seconds:.1f} s for {c.lock_waits} compile{'s' if c.lock_waits != 1 else ''} of other processes")
-        log.info("this process: %s; cache %s", "; ".join(parts), cache.store.root)
+        counters = cache.counters.as_dict()
+        here = getattr(cache, "ranks", None) or ranks.current()
+        if here is not None:
+            try:
+                spoken = ranks.report_once(here, counters)
+            except OSError as exc:  # no private temporary directory: each rank says its own
+                log.debug("engine summary not shared: %s", exc)
+            else:
+                if spoken is None:  # another rank says the node's totals
+                    _say_summary(counters, cache.store.root, "this process", logging.DEBUG)
+                    return
+                totals, missing = spoken
+                who = f"this engine ({here.local_size} ranks on this node"
+                who += f"; ranks {', '.join(map(str, missing))} did not report)" if missing else ")"
+                _say_summary(totals, cache.store.root, who, logging.INFO)
+                return
+        _say_summary(counters, cache.store.root, "this process", logging.INFO)
     except Exception as exc:
         log.debug("exit summary skipped: %s: %s", type(exc).__name__, exc)
+
+
+def _say_summary(c: dict[str, Any], root: Any, who: str, level: int) -> None:
+    if not (c.get("hits") or c.get("misses") or c.get("errors")):
+        return
+    parts = []
+    if c["hits"]:
+        parts.append(f"{c['hits']} hit{'s' if c['hits'] != 1 else ''}, {c['saved_seconds']:.1f} s of compiles saved "
+                     f"({c['load_seconds'] * 1e3:.0f} ms loading)")
+    if c["misses"]:
+        compiled = f"{c['compiles']} compiled in {c['compile_seconds']:.1f} s" if c["compiles"] else "none compiled"
+        parts.append(f"{c['misses']} miss{'es' if c['misses'] != 1 else ''}, {compiled}")
+    if c["errors"]:
+        parts.append(f"{c['errors']} error{'s' if c['errors'] != 1 else ''}")
+    if c["lock_waits"]:
+        parts.append(f"waited {c['lock_wait_seconds']:.1f} s for {c['lock_waits']} compile{'s' if c['lock_waits'] != 1 else ''} "
+                     "of other processes")
+    log.log(level, "%s: %s; cache %s", who, "; ".join(parts), root)

@@ -14,7 +14,9 @@ process's file, so there is no lock between processes and no lost update.
   exec children do not keep it). A file whose lock can be taken belongs to a process that is
   gone, on any host that shares the volume, whatever its pid or hostname (every Kubernetes pod
   has a new one). :func:`fold` merges the files of gone processes, and earlier folds, into one
-  ``compacted-*`` file, so ``stats/`` holds one file per live process plus one. The merged file
+  ``compacted-*`` file, so ``stats/`` holds one file per live process plus one. ``stats``, a
+  commit's housekeeping, and a process making its file in a crowded ``stats/`` fold
+  (:data:`FOLD_AT`), so a deployment that only hits stays bounded too. The merged file
   names what it absorbed, so a fold killed at any step neither counts twice nor loses counts.
 * A volume that fills: the file's blocks are allocated before they are mapped, so a full disk
   is an error we catch (counts stay in memory, one warning), not a SIGBUS that kills the process.
@@ -67,6 +69,11 @@ FIELDS = (
     "remote_seconds",
     "published",
     "publish_dropped",
+    # prewarm's workers (issue 28, item 5): counted apart, so a fresh prewarm is no serving miss
+    # and a hit-rate alert does not fire after every image build
+    "prewarm_compiles",
+    "prewarm_compile_seconds",
+    "prewarm_hits",
 )
 _INDEX = {f: i for i, f in enumerate(FIELDS)}
 _DIR = "stats"
@@ -75,6 +82,10 @@ _LEGACY_SUFFIX = ".msgpack"
 _COMPACTED = "compacted-"
 #: A previous-format file not rewritten for this long belongs to a process that stopped counting.
 _LEGACY_IDLE_S = 600.0
+#: A process that makes its file folds the finished ones when ``stats/`` holds more than this
+#: many: a deployment that only hits (no commit runs housekeeping) and nobody running ``stats``
+#: kept one file per process ever started (40 processes, 40 files), without bound.
+FOLD_AT = 16
 
 # File format: header, then slots of (namespace, NUL-padded utf-8) + one float64 per field.
 _HEADER = struct.Struct("<8sII")  # magic, fields per slot, slots
@@ -184,6 +195,7 @@ _root: Path | None = None
 _file: _Mapped | None = None
 _file_failed = False  # this root cannot hold a mapped file: count in memory, write at exit
 _shared = False  # the root is shared (CUTE_DISKCACHE_TRUST_SHARED): stats/ follows the umask
+_group: int | None = None  # CUTE_DISKCACHE_TRUST_GROUP: stats/ is that group's, 2775, so every member's process adds its file
 #: Counts not (yet) in a file: recorded while unbound, or where mapping failed.
 _memory: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
 _file_name = ""
@@ -197,16 +209,18 @@ def _new_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}{_SUFFIX}"
 
 
-def bind(root: Path | None, *, shared: bool = False) -> None:
+def bind(root: Path | None, *, shared: bool = False, group: int | None = None) -> None:
     """Where this process's counters go (None: memory only, e.g. a read-only root).
 
     Counts made before the first bind move into the file when it is created. ``shared``: the
-    root is shared by a group (``CUTE_DISKCACHE_TRUST_SHARED``), so ``stats/`` is made with the
-    umask's mode rather than a private one.
+    root is shared (``CUTE_DISKCACHE_TRUST_SHARED``), so ``stats/`` is made with the umask's
+    mode rather than a private one; ``group`` (``CUTE_DISKCACHE_TRUST_GROUP``): with that group
+    and mode 2775, so the other members' processes (other pods' uids) can add their files.
     """
-    global _root, _file, _file_failed, _shared
+    global _root, _file, _file_failed, _shared, _group
     with _lock:
         _shared = shared
+        _group = group
         if root is not None and _root is not None and Path(root) == Path(_root):
             return
         if _file is not None:
@@ -225,13 +239,14 @@ def _open() -> _Mapped | None:
 
     folder = _root / _DIR
     try:
-        trust.make_dirs(_root, folder, shared=_shared)
+        trust.make_dirs(_root, folder, shared=_shared, **({"group": _group} if _group is not None and not _shared else {}))
         _file_name = _new_name()
         _file = _Mapped(folder / _file_name)
     except (OSError, ValueError) as exc:
         _file_failed = True
         _degraded(exc)
         return None
+    _fold_if_crowded(folder)
     for ns in list(_memory):  # what was counted before the file existed; what does not fit stays here
         try:
             placed = all(_file.add(ns, _INDEX[f], v) for f, v in _memory[ns].items())  # False at the first field or never
@@ -241,6 +256,18 @@ def _open() -> _Mapped | None:
         if placed:
             del _memory[ns]
     return _file
+
+
+def _fold_if_crowded(folder: Path) -> None:
+    """Fold finished processes' files once ``folder`` holds more than :data:`FOLD_AT` (once per
+    process, as its own file is made: at attach, off the hit path). Never raises."""
+    try:
+        with os.scandir(folder) as it:
+            crowded = sum(1 for e in it if e.name.endswith((_SUFFIX, _LEGACY_SUFFIX)) and not e.name.startswith(".")) > FOLD_AT
+        if crowded:
+            fold(folder.parent)
+    except OSError as exc:
+        log.debug("statistics not folded: %s", exc)
 
 
 def record(namespace: str, field: str, amount: float = 1) -> None:

@@ -195,10 +195,10 @@ class Store:
         """The root and ``v1/``, with our mode. Every commit asks again (two ``mkdir``s that find
         the directory there): a root deleted under a running engine is remade private, not with
         the umask's mode that would make every later process refuse it."""
-        self._make_dirs(self.root / LAYOUT)
+        self.make_dirs(self.root / LAYOUT)
 
     @property
-    def _bookkeeping_shared(self) -> bool:
+    def bookkeeping_shared(self) -> bool:
         """Whether the size counter, lock files and their directories are made for others to
         update too: under ``TRUST_SHARED``, and under a trusted group (other members' processes
         commit into the same root). Their modes then follow the umask (0666/0777 less it): a pod
@@ -207,9 +207,12 @@ class Store:
         loaded from these files, so their modes are no trust question."""
         return self.trust_shared or self.trust_group is not None
 
-    def _make_dirs(self, path: Path) -> None:
+    def make_dirs(self, path: Path) -> None:
         """:func:`.trust.make_dirs` down to ``path`` with this root's modes (the group only when one is
-        trusted: the plain form stays the one every other caller uses)."""
+        trusted: the plain form stays the one every other caller uses). Every directory made under
+        the root goes through here or passes :attr:`trust_group` on (locks, statistics, imports):
+        one made with the umask's mode and this process's own group is one the next process's
+        trust check refuses, or one the group's other uids cannot write (issue 29)."""
         trust.make_dirs(self.root, path, shared=self.trust_shared, **({"group": self.trust_group} if self.trust_group is not None else {}))
 
     def _warn_once(self, path: Path, reason: str, message: str, *args: Any) -> bool:
@@ -300,6 +303,22 @@ class Store:
             return Refusal(exc, path, corrupt, manifest)
         return Found(manifest, data, role or "object")
 
+    def read_role(self, key: CacheKey, role: str) -> tuple[bytes, str] | None:
+        """A verified payload of ``key``'s entry other than the one a hit loaded, and its file
+        name (the MLIR or the object a caller asks a loaded kernel for), from this root or a
+        layer; None when none holds it. Judged like a lookup; never acts on a refusal."""
+        for store in (self, *self.layers):
+            path = store.entry_dir(key)
+            if not store.trusted or trust.first_untrusted(store.root, path, owner=store.owner) is not None:
+                continue
+            try:
+                manifest = entry.read_manifest(path, hmac_key=store.hmac_key, owner=store.owner)
+                data = entry.verify(path, manifest, key, owner=store.owner, role=role)
+            except entry.EntryError:
+                continue
+            return data, manifest["payloads"][role][0]["file"]
+        return None
+
     def note_refusal(self, path: Path, exc: entry.EntryError) -> None:
         """A sound entry this process cannot use: a miss, counted and reported once; it stays."""
         if exc.reason == "signature" and exc.detail == entry.UNSIGNED:
@@ -326,7 +345,7 @@ class Store:
         log.warning("cache entry %s rejected (%s); recompiling", path.name, exc)
         dest = self.quarantine_dir / f"{time.strftime('%Y%m%dT%H%M%S')}-{exc.reason}-{path.name}-{os.urandom(3).hex()}"
         try:
-            self._make_dirs(self.quarantine_dir)
+            self.make_dirs(self.quarantine_dir)
             if expect is not None and _manifest_stat(path) != expect:
                 return
             os.replace(path, dest)  # a link moves as a link: its target is never touched
@@ -395,7 +414,7 @@ class Store:
                         self.rejected += 1
                     return None  # never write through a link
                 self.make_layout()
-                self._make_dirs(path)
+                self.make_dirs(path)
                 before = layout.entry_bytes(path)
                 # hmac_key only when set: entry.write's three-argument form stays the plain one.
                 manifest = entry.write(path, key, art, **({"hmac_key": self.hmac_key} if self.hmac_key else {}))
@@ -412,7 +431,7 @@ class Store:
             break
         added = layout.entry_bytes(path) - before
         try:
-            eviction.note_commit(self.root, added, entry_dir=path, shared=self._bookkeeping_shared)
+            eviction.note_commit(self.root, added, entry_dir=path, shared=self.bookkeeping_shared)
         except OSError as exc:  # a cap we cannot enforce never costs the kernel just written
             log.warning("size cap not enforced: %s", exc)
         return manifest
@@ -431,7 +450,7 @@ class Store:
         staged there moves into ``v1/`` with one rename. The caller removes it (housekeeping
         takes what a killed process left, after an hour)."""
         base = self.root / layout.TMP_DIR
-        self._make_dirs(base)
+        self.make_dirs(base)
         path = base / f"{purpose}-{_host()}-{os.getpid()}-{os.urandom(4).hex()}"
         path.mkdir(mode=0o700)
         return path
@@ -453,7 +472,7 @@ class Store:
         if not self.writable:
             return
         try:
-            housekeeping.maintain(self.root, shared=self._bookkeeping_shared)
+            housekeeping.maintain(self.root, shared=self.bookkeeping_shared, group=self.trust_group)
         except Exception as exc:  # bookkeeping must never cost a kernel
             log.debug("maintenance of %s skipped: %s", self.root, exc)
 
@@ -467,7 +486,8 @@ class Store:
             yield locking.Flight(False, "off")
             return
         with locking.single_flight(
-            self.root, key.digest, timeout=timeout, label=f"{key.site} {key.digest[:12]}", shared=self._bookkeeping_shared
+            self.root, key.digest, timeout=timeout, label=f"{key.site} {key.digest[:12]}", shared=self.bookkeeping_shared,
+            group=self.trust_group,
         ) as flight:
             yield flight
 
@@ -515,6 +535,22 @@ class Found(tuple):  # type: ignore[type-arg]
         found = super().__new__(cls, (manifest, data))
         found.role = role
         return found
+
+
+def side_data_refusal(extra: Any, extra_ok: Callable[[dict[str, Any]], bool] | None) -> entry.EntryError | None:
+    """Why an entry's side data (its manifest's ``extra``) is refused by its site's check, or None.
+
+    The one judgement a hit (:meth:`.cache.CompileCache.get_or_compile`) and the deploy gate
+    (:func:`.coverage.inspect`, ``check``) both apply, so the gate never says "ok" of an entry
+    the engine then misses. A checker that trips over odd data has answered "no".
+    """
+    if extra_ok is None:
+        return None
+    try:
+        accepted = bool(extra_ok(extra))
+    except Exception:
+        accepted = False
+    return None if accepted else entry.EntryError("extra", "its side data is not of the shape this version stores")
 
 
 def _role_to_load(manifest: dict[str, Any]) -> str:

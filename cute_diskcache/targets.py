@@ -39,6 +39,10 @@ class DeviceProfile:
     attributes: tuple[tuple[str, int | None], ...] = ()
     # shares memory with the host (torch's ``is_integrated``): the DGX Spark's GB10
     integrated: bool = False
+    # The host CPUs this card is served from, as a key names them (.hostmachine): the machine
+    # whose host code its entries must hold. The first is the default when the building
+    # machine is none of them. A JSON profile overrides it (an RTX card in an Arm server).
+    host_machines: tuple[str, ...] = ("x86_64",)
 
     def max_active_clusters(self, cluster_size: int) -> int:
         return max(1, self.max_active_clusters_1 // max(1, cluster_size))
@@ -48,6 +52,7 @@ class DeviceProfile:
         d = asdict(self)
         d["capability"] = list(self.capability)
         d["attributes"] = dict(self.attributes)
+        d["host_machines"] = list(self.host_machines)
         return d
 
     def driver_attributes(self) -> dict[str, int]:
@@ -82,7 +87,9 @@ PROFILES: dict[str, DeviceProfile] = {
         DeviceProfile("rtx-5090", "NVIDIA GeForce RTX 5090", "sm_120a", (12, 0), 170, 170, total_memory=32 * _GiB, **_SM120_SMEM),
         DeviceProfile("rtx-5080", "NVIDIA GeForce RTX 5080", "sm_120a", (12, 0), 84, 84, total_memory=16 * _GiB, **_SM120_SMEM),
         DeviceProfile("rtx-5070-ti", "NVIDIA GeForce RTX 5070 Ti", "sm_120a", (12, 0), 70, 70, total_memory=16 * _GiB, **_SM120_SMEM),
-        DeviceProfile("dgx-spark", "NVIDIA GB10", "sm_121a", (12, 1), 48, 48, total_memory=128 * _GiB, integrated=True, **_SM120_SMEM),
+        # The GB10 superchip's CPU is a 20-core Arm (Cortex-X925 + Cortex-A725) running aarch64 Linux.
+        DeviceProfile("dgx-spark", "NVIDIA GB10", "sm_121a", (12, 1), 48, 48, total_memory=128 * _GiB, integrated=True,
+                      host_machines=("aarch64",), **_SM120_SMEM),
         DeviceProfile(
             "h200",
             "NVIDIA H200",
@@ -140,6 +147,16 @@ def load(path: str | os.PathLike[str]) -> DeviceProfile:
         spec["capability"] = tuple(spec["capability"])
     if "attributes" in spec:
         spec["attributes"] = tuple(sorted((str(k).upper(), v) for k, v in dict(spec["attributes"]).items()))
+    if "host_machines" in spec:
+        from . import hostmachine
+
+        machines = spec["host_machines"]
+        try:
+            spec["host_machines"] = tuple(hostmachine.normalize(m) for m in ([machines] if isinstance(machines, str) else machines))
+        except (hostmachine.UnknownMachineError, TypeError) as exc:
+            raise UnknownProfileError(f"target profile {path}: host_machines: {exc}") from None
+        if not spec["host_machines"]:
+            raise UnknownProfileError(f"target profile {path}: host_machines is empty")
     spec.setdefault("name", Path(path).stem)
     return dataclasses.replace(base, **spec)
 

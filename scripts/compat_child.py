@@ -22,6 +22,7 @@ import importlib.util
 import json
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -234,9 +235,72 @@ def _dense_gemm_site() -> dict[str, Any]:
     return {"kinds": {}, "error": error}
 
 
+def result_summary(kernel: Any, workdir: Path) -> dict[str, Any]:
+    """What a caller can see of a kernel flashinfer got: the classes it is an instance of (ours
+    left out), every public attribute (its plain value, its type, the method, or the exception
+    reading it raises) and the object its ``export_to_c`` writes. A hit must give a cold
+    compile's summary exactly (issue 28: a hit hands the caller what a compile hands it)."""
+    import hashlib
+    import inspect
+
+    from cute_diskcache import as_compiled
+
+    def seen(value: Any) -> list[Any]:
+        if inspect.ismethod(value):
+            return ["method", value.__func__.__qualname__]
+        try:
+            return ["value", json.loads(json.dumps(as_compiled._encode(value), default=lambda b: b.hex()))]
+        except (as_compiled.NotPlain, TypeError, ValueError):
+            return ["type", f"{type(value).__module__}.{type(value).__qualname__}"]
+
+    public: dict[str, Any] = {}
+    for name in sorted(n for n in dir(kernel) if not n.startswith("_")):
+        try:
+            public[name] = seen(getattr(kernel, name))
+        except Exception as exc:  # no GPU here: a CUDA query raises, for the compiled one too
+            public[name] = ["raises", type(exc).__name__]
+    signature = getattr(getattr(kernel, "execution_args", None), "signature", None)
+    export: Any = None
+    if hasattr(kernel, "export_to_c"):
+        try:
+            if hasattr(kernel, "__tvm_ffi_object__") or "TVMFFI" in type(kernel).__name__:
+                kernel.export_to_c(str(workdir / "k.o"), function_name="cdc_result_summary")
+            else:  # the CuTe ABI's form: a header and an object
+                kernel.export_to_c(str(workdir), "k", "cdc_result_summary")
+            export = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(workdir.iterdir())}
+        except Exception as exc:
+            export = ["raises", type(exc).__name__, str(exc)[:300]]
+    keywords: Any = None
+    if signature is not None:  # every argument by name (None each): how the call binds shows in what it raises
+        try:
+            kernel(**{name: None for name in signature.parameters})
+            keywords = "returned"
+        except Exception as exc:
+            keywords = [type(exc).__name__, _ANSI.sub("", str(exc)).strip().splitlines()[0][:300] if str(exc).strip() else ""]
+    return {"classes": [f"{c.__module__}.{c.__qualname__}" for c in type(kernel).__mro__ if not c.__module__.startswith("cute_diskcache")],
+            "public": public, "signature": None if signature is None else str(signature), "export": export, "keywords": keywords}
+
+
+def _returned_kernels() -> list[Any]:
+    """Every kernel the cache hands flashinfer from now on, in order (hit or compile)."""
+    from cute_diskcache.flashinfer_sites import _common
+
+    out: list[Any] = []
+    real = _common.through_cache
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        kernel = real(*args, **kwargs)
+        out.append(kernel)
+        return kernel
+
+    _common.through_cache = recording
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", default="rtx-pro-6000")
+    ap.add_argument("--results", action="store_true", help="summarise every kernel flashinfer got (result_summary)")
     ap.add_argument("sites", nargs="+")
     args = ap.parse_args(argv)
 
@@ -260,10 +324,12 @@ def main(argv: list[str] | None = None) -> int:
         "b12x_dense_gemm": _dense_gemm_site,
     }
     cache = default_cache()
+    returned = _returned_kernels()
     sites: dict[str, Any] = {}
     for name in args.sites:
         driver = drivers.get(name) or _fi074_site(name)
         before, compiles_before, t = len(cache.events), COMPILES["count"], time.perf_counter()
+        returned_before = len(returned)
         try:
             out = driver()
         except Exception as exc:  # a refusal or a break in flashinfer's API: recorded, never hidden
@@ -273,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
         out["abi"] = abi_text(out["error"])
         if compiles_before is not None:
             out["real_compiles"] = COMPILES["count"] - compiles_before
+        if args.results:
+            with tempfile.TemporaryDirectory() as tmp:
+                out["results"] = [result_summary(k, Path(tmp)) for k in returned[returned_before:]]
         sites[name] = out
     print(json.dumps({
         "flashinfer": flashinfer_sites.flashinfer_version(),

@@ -360,7 +360,7 @@ def sites_to_drive(doctor_report: dict[str, Any]) -> list[str]:
 
 def child(run: Run, sites: list[str]) -> dict[str, Any]:
     t = time.perf_counter()
-    proc = run.run(str(CHILD), "--target", TARGET, *sites)
+    proc = run.run(str(CHILD), "--target", TARGET, "--results", *sites)
     out = _json_line(proc) or {"error": f"exit {proc.returncode}: {_first_error_line(proc.stderr)}", "sites": {}}
     out["rc"] = proc.returncode
     out["wall_seconds"] = round(time.perf_counter() - t, 1)
@@ -384,6 +384,34 @@ def prewarm_plan(run: Run) -> dict[str, Any]:
     }
 
 
+#: Attributes in which the DSL's own reloaded CuTe-ABI kernel may differ from the compiled one
+#: (``cute_diskcache.as_compiled.LOADER_FACTS``: how it was loaded), spelled here so the matrix
+#: runs against checkouts that predate it.
+LOADER_FACTS = ("engine", "load_from_binary", "prefix")
+
+
+def result_differences(cold: list[dict[str, Any]] | None, warm: list[dict[str, Any]] | None) -> list[str]:
+    """How what a warm process's flashinfer got differs from what a cold compile gave it
+    (``compat_child.result_summary``, per kernel in order); [] when it is the same. A CuTe-ABI
+    kernel (no tvm-ffi) may differ in :data:`LOADER_FACTS` alone."""
+    if cold is None or warm is None:
+        return [] if cold == warm else ["no result summary"]
+    if len(cold) != len(warm):
+        return [f"{len(cold)} kernels cold, {len(warm)} warm"]
+    out = []
+    for c, w in zip(cold, warm):
+        if c["classes"] != w["classes"]:
+            out.append(f"classes {c['classes'][:1]} -> {w['classes'][:1]}")
+        tvm_ffi = any("TVMFFI" in cls for cls in c["classes"])
+        for name in sorted(set(c["public"]) | set(w["public"])):
+            if c["public"].get(name) != w["public"].get(name) and (tvm_ffi or name not in LOADER_FACTS):
+                out.append(f"{name}: {str(c['public'].get(name))[:80]} -> {str(w['public'].get(name))[:80]}")
+        for part in ("signature", "export", "keywords"):
+            if c.get(part) != w.get(part):
+                out.append(f"{part}: {str(c.get(part))[:80]} -> {str(w.get(part))[:80]}")
+    return out
+
+
 def judge(sites: list[str], cold: dict[str, Any], warm: dict[str, Any] | None) -> tuple[str, str, dict[str, Any]]:
     """(status, reason, per-site verdicts) from a cold and a warm child report."""
     manifest_site = {v[0]: v[1] for v in CHILD_SITES.values()}
@@ -403,6 +431,7 @@ def judge(sites: list[str], cold: dict[str, Any], warm: dict[str, Any] | None) -
             "warm": [e[2] for e in w.get("events", []) if e[0] == manifest_site[site]],
             "warm_real_compiles": w.get("real_compiles"),
             "abi_same": bool(c.get("abi")) and c.get("abi") == w.get("abi"),
+            "same_result": not result_differences(c.get("results"), w.get("results")) if warm is not None else None,
             "abi": (c.get("abi") or "")[:300],
         }
         if not cold_events:
@@ -421,6 +450,8 @@ def judge(sites: list[str], cold: dict[str, Any], warm: dict[str, Any] | None) -
             problems.append(f"{site}: warm digests differ from cold")
         elif not verdict["abi_same"]:
             problems.append(f"{site}: ABI text differs (cold {c.get('abi')!r:.120} warm {w.get('abi')!r:.120})")
+        elif result_differences(c.get("results"), w.get("results")):
+            problems.append(f"{site}: a hit hands flashinfer another object: {'; '.join(result_differences(c.get('results'), w.get('results'))[:3])}")
         per[site] = verdict
     if refusal is not None:
         return "refused", refusal.split("cute-diskcache", 1)[-1].strip(" :") + (f" [{compile_errors[0]}]" if compile_errors else ""), per

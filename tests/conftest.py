@@ -34,7 +34,7 @@ _COUNT_LINE = re.compile(r"^cdc-test real compiles: (\d+)$", re.M)
 #: What every serving process now says on its own (cute_diskcache.report): the attach line, one
 #: WARNING per compile and the exit summary. run_probe hands them over apart (``cache_log``), so
 #: ``stderr == ""`` keeps meaning "nothing unexpected was said".
-REPORT_LINE = re.compile(r"^\[cute-diskcache\] (?:INFO attached: |WARNING compiling |INFO this process: ).*$", re.M)
+REPORT_LINE = re.compile(r"^\[cute-diskcache\] (?:INFO attached: |WARNING compiling |INFO this process: |INFO this engine \().*$", re.M)
 _OUR_LINE = re.compile(r"^\[cute-diskcache\] (DEBUG|INFO|WARNING|ERROR|CRITICAL) (.*)$")
 
 

@@ -135,6 +135,47 @@ def test_entry_built_on_a_cpu_with_more_extensions_is_named(prewarmed_copy: Path
     assert (row["status"], row["kernel"], row["cpu_lacks"]) == ("unusable", "micro", [lacking])
 
 
+@pytest.mark.parametrize("extra", [{"calling_convention": None}, {"kwargs_wrapper": False, "calling_convention": None},
+                                   {"kwargs_wrapper": False, "calling_convention": None, "result": None}])
+def test_gate_and_engine_judge_side_data_alike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, extra: dict[str, object]) -> None:
+    """The same entry, the site's own check (flashinfer's micro site's, as the hook applies it):
+    the gate says ok exactly when a serving process with CUTE_DISKCACHE_ON_MISS=error hits."""
+    from _helpers import make_artifact, make_key
+
+    from cute_diskcache import coverage
+    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.errors import CacheMissError
+    from cute_diskcache.flashinfer_sites import hook, sites
+    from cute_diskcache.store import Store
+
+    extra_ok = hook.site(next(r for r in sites.ROWS if r.kind == "micro")).extra_ok
+    root, key = tmp_path / "root", make_key("micro")
+    assert Store(root).commit(key, make_artifact(extra=extra)) is not None
+    gate = coverage.inspect(Store(root, readonly=True), key, extra_ok=extra_ok)
+    monkeypatch.setenv("CUTE_DISKCACHE_ON_MISS", "error")
+    monkeypatch.setattr(CompileCache, "_load", lambda self, key, found: "loaded")
+    try:
+        CompileCache(Store(root, readonly=True)).get_or_compile(key, lambda: "compiled", extra_ok=extra_ok)
+        engine = coverage.OK
+    except CacheMissError:
+        engine = coverage.UNUSABLE
+    assert gate.status == engine == (coverage.OK if "result" in extra else coverage.UNUSABLE), (gate, engine)
+
+
+def test_side_data_the_engine_refuses_is_unusable_to_the_gate_too(prewarmed_copy: Path, tmp_path: Path) -> None:
+    """Issue 29, finding 8: an entry whose side data is of another shape (an earlier writer's: no
+    ``kwargs_wrapper``) is a miss in a serving process (the site's check, at every hit); the gate
+    must say so, not "ok". One judgement for both: the site's check travels with the plan."""
+    d = only_manifest(prewarmed_copy)
+    manifest = entry.read_manifest(d)
+    manifest["extra"] = {k: v for k, v in manifest["extra"].items() if k != "kwargs_wrapper"}
+    rewrite_manifest(d, manifest)
+    proc = cli("--root", str(prewarmed_copy), "check", "--json", *PLAN, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-2000:]
+    (row,) = json.loads(proc.stdout)["kernels"]
+    assert row["status"] == "unusable" and row["why"].startswith("extra: its side data is not of the shape"), row
+
+
 @pytest.mark.slow
 def test_damaged_entry_is_reported_and_left_in_place(prewarmed_copy: Path, tmp_path: Path) -> None:
     """A serving process would quarantine it; the gate only says so (a gate that repaired what

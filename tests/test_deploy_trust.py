@@ -15,10 +15,12 @@ flashinfer compile filled as root.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -235,6 +237,216 @@ def test_trust_group_still_refuses_others_and_other_groups(
             assert store.lookup_or_quarantine(key) is None
     warnings = _records(caplog, logging.WARNING)
     assert len(warnings) == 1 and str(level) in warnings[0] and why in warnings[0], warnings
+
+
+# --------------------------------------------------------------------------------------------
+# POSIX ACLs and owners outside the group (issue 29, finding 1)
+# --------------------------------------------------------------------------------------------
+
+OUTSIDER = 3000  # a backup or log agent: no member of FS_GROUP
+
+
+def _setfacl(*args: str) -> None:
+    """A real POSIX ACL, as an operator sets one (Debian's ``acl`` package: scripts/ensure_test_tools.sh)."""
+    exe = shutil.which("setfacl")
+    assert exe is not None, "setfacl is not installed (apt-get install acl; .ci/run installs it)"
+    subprocess.run([exe, *args], check=True, capture_output=True)
+
+
+def _plant(volume: Path, key: CacheKey) -> bytes:
+    """What an outsider who may write the root does: move ``v1`` aside and build its own tree,
+    which the setgid root hands group FS_GROUP. Returns the object it planted."""
+    legit = Store(volume).entry_dir(key)
+    manifest = entry.read_manifest(legit)
+    evil = b"\x7fELF-attacker-object"
+    os.rename(volume / "v1", volume / ".old")
+    d = volume / "v1" / key.env.namespace / key.digest[:2] / key.digest
+    d.mkdir(parents=True)
+    name = f"object-{hashlib.sha256(evil).hexdigest()[:16]}.o"
+    (d / name).write_bytes(evil)
+    manifest["payloads"] = {"object": [{"file": name, "size": len(evil), "sha256": hashlib.sha256(evil).hexdigest()}], "cubin": [], "mlir": []}
+    (d / entry.MANIFEST).write_bytes(entry.pack_manifest(manifest))
+    return evil
+
+
+def test_acl_entry_for_a_non_member_is_refused_not_loaded(volume: Path, key: CacheKey, art: entry.Artifact,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """``u:3000:rwx`` on the volume root: its mode still reads 2775 (the group bits show the ACL
+    mask), and uid 3000, no member, plants an object; the engine must never load it."""
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        assert Store(volume, trust_group=FS_GROUP).commit(key, art) is not None
+    _setfacl("-m", f"u:{OUTSIDER}:rwx", str(volume))
+    assert stat.S_IMODE(volume.stat().st_mode) == 0o2775, "the mode shows the mask, not the agent"
+    with as_user(OUTSIDER):
+        evil = _plant(volume, key)
+    assert (volume / "v1").stat().st_gid == FS_GROUP, "setgid gave the outsider's tree the trusted group"
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        store = Store(volume, trust_group=FS_GROUP)
+        for _ in range(2):
+            found = store.lookup_or_quarantine(key, load=True)
+            assert found is None or found[1] != evil, "the outsider's object was loaded"
+            assert found is None
+        assert store.commit(make_key("static"), art) is None
+    warnings = _records(caplog, logging.WARNING)
+    assert len(warnings) == 1 and f"POSIX ACL entry for uid {OUTSIDER}" in warnings[0], warnings
+    assert "setfacl -x" in warnings[0], "the way out is named"
+
+
+@pytest.mark.parametrize("where", ["entry", "manifest"])
+def test_acl_below_the_root_is_refused_too(volume: Path, key: CacheKey, art: entry.Artifact, caplog: pytest.LogCaptureFixture,
+                                           where: str) -> None:
+    """An entry directory or a file a member made, which an ACL opens to an outsider (who could
+    rewrite the object in place): a miss, never a load."""
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        assert Store(volume, trust_group=FS_GROUP).commit(key, art) is not None
+    d = Store(volume).entry_dir(key)
+    _setfacl("-m", f"u:{OUTSIDER}:rw{'x' if where == 'entry' else ''}", str(d if where == "entry" else d / entry.MANIFEST))
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        assert Store(volume, trust_group=FS_GROUP).lookup_or_quarantine(key, load=True) is None
+    warnings = _records(caplog, logging.WARNING)
+    assert any(f"POSIX ACL entry for uid {OUTSIDER}" in w for w in warnings), warnings
+
+
+@pytest.mark.parametrize("acl", [f"u:{OUTSIDER}:r-x", f"g:{FS_GROUP}:rwx", f"u:{NOBODY}:rwx", f"d:u:{OUTSIDER}:rwx"])
+def test_acl_entries_that_let_no_outsider_write_are_accepted(volume: Path, key: CacheKey, art: entry.Artifact,
+                                                            caplog: pytest.LogCaptureFixture, acl: str) -> None:
+    """Read-only entries (a backup agent that only reads), the trusted group named again, this
+    uid, and a default ACL (it shapes new files, which are checked themselves) refuse nothing."""
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        assert Store(volume, trust_group=FS_GROUP).commit(key, art) is not None
+    _setfacl("-m", acl, str(volume))
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        found = Store(volume, trust_group=FS_GROUP).lookup_or_quarantine(key, load=True)
+        assert found is not None and found[1] == art.object_bytes
+    assert _records(caplog, logging.WARNING) == []
+
+
+def test_root_owned_by_another_uid_needs_trusted_directories_above_it(volume: Path, key: CacheKey, art: entry.Artifact,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """A root another uid owns is trusted through its group only where nobody outside the group
+    can write the directories above it (whoever can could have put it there): the group vouches
+    for a member, never for an owner an outsider's write could have made."""
+    root = volume / "cache"
+    with as_user(OTHER, groups=[FS_GROUP]):  # another pod's uid, a member, made the root
+        assert Store(root, trust_group=FS_GROUP).commit(key, art) is not None
+    assert root.stat().st_uid == OTHER
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        assert Store(root, trust_group=FS_GROUP).lookup_or_quarantine(key) is not None, "members share it"
+    assert _records(caplog, logging.WARNING) == []
+    _setfacl("-m", f"u:{OUTSIDER}:rwx", str(volume))  # the directory above it, opened to an outsider
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        store = Store(root, trust_group=FS_GROUP)
+        assert store.lookup_or_quarantine(key) is None and not store.trusted
+    warnings = _records(caplog, logging.WARNING)
+    assert len(warnings) == 1 and f"owned by uid {OTHER}" in warnings[0] and f"POSIX ACL entry for uid {OUTSIDER}" in warnings[0], warnings
+
+
+# --------------------------------------------------------------------------------------------
+# Every door makes the group's directories (issue 29, findings 5 and 6)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("door", ["remote", "bundle"])
+def test_entries_that_arrive_from_outside_leave_the_root_writable_by_the_group(
+        volume: Path, public: Path, key: CacheKey, art: entry.Artifact, door: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Finding 5: uid 65534 fetches (or imports) an entry first; uid 65533, of the same group,
+    must still add its own kernels to that namespace, and its statistics. Before, the merge made
+    ``v1/``, the namespace and the shard 2755 and ``stats/`` 0755: read-only for every other uid."""
+    from cute_diskcache import bundle, stats
+    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.remote.client import RemoteCache
+
+    built = public / "built"
+    assert Store(built).commit(key, art) is not None
+    url = f"memory://cdc-tg-{os.getpid()}-{os.urandom(3).hex()}"
+    if door == "remote":
+        RemoteCache(url).push(built)
+    else:
+        bundle.export_bundle(built, public / "kernels.tar.gz")
+    old_umask = os.umask(0o002)
+    try:
+        with as_user(NOBODY, groups=[FS_GROUP]):
+            store = Store(volume, trust_group=FS_GROUP)
+            if door == "remote":
+                rc = RemoteCache(url, use_lease=False)
+                assert rc.fetch(key, store) is not None
+                assert rc.flush(10)  # the whole entry follows a hit into the local root
+            else:
+                assert bundle.import_bundle(volume, public / "kernels.tar.gz", trust_group=FS_GROUP).imported
+            stats.reset_for_tests()
+            CompileCache(store)
+            stats.record(key.env.namespace, "hits")
+        d = store.entry_dir(key)
+        for level in (volume / "v1", d.parent.parent, d.parent, d, volume / "stats"):
+            st = level.stat()
+            assert (st.st_gid, stat.S_IMODE(st.st_mode)) == (FS_GROUP, 0o2775), (level, oct(st.st_mode))
+        with as_user(OTHER, groups=[FS_GROUP]):
+            other = Store(volume, trust_group=FS_GROUP)
+            static = make_key("static")  # same namespace, another shard or the same one
+            assert other.commit(static, art) is not None, other._write_disabled_reason
+            assert other.lookup_or_quarantine(static) is not None
+            stats.reset_for_tests()
+            stats.bind(None)
+            CompileCache(other)
+            stats.record(key.env.namespace, "hits")
+            assert stats.describe()["mapped"], "uid 65533's statistics file could not be made in stats/"
+    finally:
+        os.umask(old_umask)
+        stats.reset_for_tests()
+        stats.bind(None)
+    assert OTHER in {p.stat().st_uid for p in (volume / "stats").iterdir()}
+    assert _records(caplog, logging.WARNING) == []
+
+
+@pytest.mark.parametrize("member", [True, False])
+def test_first_miss_under_trust_group_leaves_a_root_the_next_process_accepts(public: Path, key: CacheKey, art: entry.Artifact,
+                                                                           caplog: pytest.LogCaptureFixture, member: bool) -> None:
+    """Finding 6: a miss takes its lock first, which makes ``locks/``. Made with the umask's mode
+    (002) and the process's own group, the next process's trust walk read it as "writable by
+    group (mode 0775)" and refused the whole root (suggesting the wrong group). A member's
+    ``locks/`` gets the trusted group and 2775; a non-member's (a reader that trusts the group)
+    stays private."""
+    vol = public / "vol"
+    vol.mkdir()
+    if member:  # the operator's root: the engine's, group FS_GROUP, 0775, no setgid bit
+        root = vol
+        os.chown(root, NOBODY, FS_GROUP)
+        root.chmod(0o775)
+    else:
+        os.chown(vol, NOBODY, NOBODY)
+        root = vol / "cache"  # made by the engine
+    old_umask = os.umask(0o002)
+    try:
+        with as_user(NOBODY, groups=[FS_GROUP] if member else []):
+            first = Store(root, trust_group=FS_GROUP)
+            with first.single_flight(key) as flight:
+                assert flight.held
+                assert first.commit(key, art) is not None
+            first.maintain()
+            second = Store(root, trust_group=FS_GROUP)
+            assert second.lookup_or_quarantine(key) is not None, second._refusal
+    finally:
+        os.umask(old_umask)
+    locks = (root / "locks").stat()
+    assert (locks.st_gid, stat.S_IMODE(locks.st_mode)) == ((FS_GROUP, 0o2775) if member else (NOBODY, 0o755)), oct(locks.st_mode)
+    assert _records(caplog, logging.WARNING) == []
+
+
+def test_refusal_under_trust_group_names_that_group_not_another(public: Path, key: CacheKey, caplog: pytest.LogCaptureFixture) -> None:
+    """A level of another group that group may write, under TRUST_GROUP=4242 (what an older
+    version's ``locks/`` looked like): the way out is giving it group 4242, not trusting the
+    process's own group as well, which the refusal used to suggest."""
+    root = public / "root"
+    root.mkdir()
+    os.chown(root, NOBODY, FS_GROUP)
+    root.chmod(0o2775)
+    (root / "locks").mkdir()
+    os.chown(root / "locks", NOBODY, NOBODY)
+    (root / "locks").chmod(0o775)
+    with as_user(NOBODY, groups=[FS_GROUP]):
+        assert not Store(root, trust_group=FS_GROUP).trusted
+    (warning,) = _records(caplog, logging.WARNING)
+    assert f"chgrp {FS_GROUP} {root / 'locks'}" in warning and f"CUTE_DISKCACHE_TRUST_GROUP={NOBODY}" not in warning, warning
 
 
 def test_trust_group_setting_takes_a_gid_or_a_name(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:

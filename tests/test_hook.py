@@ -334,6 +334,26 @@ def test_dynamic_parameters_are_the_positions_bound_to_dsl_integers(package: Pac
     assert hook._dynamic_parameters(len, (1,)) == set()  # nothing to read: values
 
 
+def test_dsl_integers_bound_to_dsl_integer_parameters_are_runtime_arguments(package: Package) -> None:
+    """flashinfer 0.7.4's KDA prefill passes its TMA descriptors' device addresses as
+    ``cutlass.Int64(address)`` to ``cutlass.Int64`` parameters: runtime arguments, new in every
+    process. Keyed by value, every fresh process missed (found on the H200); keyed by type, one
+    entry. A DSL integer bound to a ``Constexpr`` is still a value."""
+    import cutlass
+
+    mod = package.module("kernels/gemm.py", GEMM)
+    package.row("kernels/gemm.py", "site", "gemm")
+    kernel = mod.Sm120B12xGemm(128)
+    wrapper = kernel.wrapper
+    assert hook._dynamic_parameters(wrapper, ("a", cutlass.Int64(7), 2, cutlass.Int64(9), cutlass.Int32(1), 188)) == {1, 2, 3}
+    with _common.planning() as plan:
+        mod.site(kernel, "a", cutlass.Int64(0x7F00_0000_1000), 16, 32, 1, 188, "s")
+        mod.site(kernel, "a", cutlass.Int64(0x7F00_0040_2000), 16, 32, 1, 188, "s")  # another process's address
+        mod.site(kernel, "a", 1, 16, 32, 1, 188, "s")  # a Python int there: another type, another entry
+    digests = [p["digest"] for p in plan]
+    assert digests[0] == digests[1] and len(set(digests)) == 2, digests
+
+
 def test_the_b12x_scale_extents_are_keyed_by_type_and_a_constexpr_by_value(package: Package) -> None:
     """flashinfer's b12x GEMM passes each layer's scale extents (sf_m, sf_n, sf_k) as DSL integers
     and compiles one kernel for every layer: two layers of other n and k share one entry (keyed

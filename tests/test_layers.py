@@ -146,3 +146,154 @@ def test_single_root_has_no_layers(tmp_path: Path, key: CacheKey) -> None:
     store = Store(tmp_path / "top")
     assert store.layers == ()
     assert store.commit(key, FRESH) is not None and store.lookup_or_quarantine(key) is not None
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 29, finding 10: what READ_DIRS holds is said, and only absolute paths are layers
+# --------------------------------------------------------------------------------------------
+
+
+def test_read_dirs_takes_absolute_paths_and_says_what_it_ignores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """XDG's rule for XDG_DATA_DIRS: a relative entry is invalid and ignored (resolved against the
+    working directory, it was another layer in every process started elsewhere); a missing one is
+    kept (a volume may be mounted later) but said, once."""
+    (tmp_path / "relative" / "dir").mkdir(parents=True)
+    baked = tmp_path / "baked"
+    baked.mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(config, "_warned", set())
+    monkeypatch.setenv("CUTE_DISKCACHE_READ_DIRS", f"relative/dir{os.pathsep}{os.pathsep}{baked}{os.pathsep}{tmp_path / 'not-mounted'}")
+    with caplog.at_level(logging.WARNING, logger="cute_diskcache"):
+        for _ in range(2):
+            assert config.load().read_dirs == (baked, tmp_path / "not-mounted")
+    warnings = _warnings(caplog)
+    assert len(warnings) == 2, warnings
+    assert "ignoring 'relative/dir' in CUTE_DISKCACHE_READ_DIRS (not an absolute path)" in warnings[0]
+    assert f"{tmp_path / 'not-mounted'}, which is not a directory here" in warnings[1]
+
+
+_ENGINE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from _helpers import make_artifact, make_key
+from cute_diskcache import cache, export
+export.export = lambda *a, **kw: make_artifact()
+cache.CompileCache._load = lambda self, key, found: "loaded"
+c = cache.default_cache()
+c.warm_up()
+for kind in ("micro", "static"):
+    c.get_or_compile(make_key(kind), lambda: "compiled")
+print(c.counters.hits, c.counters.compiles)
+"""
+
+
+def test_attach_line_and_miss_reason_name_the_layers(tmp_path: Path) -> None:
+    """An engine on an empty volume over a baked layer said "0 entries for this stack" and, at a
+    miss, nothing of the layers: the operator could not tell a layer that is missing, refused or
+    simply lacks the kernel from one that is not configured."""
+    import subprocess
+
+    baked = tmp_path / "baked"
+    assert Store(baked).commit(make_key("micro"), BAKED) is not None
+    missing = tmp_path / "not-mounted"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_DISKCACHE_")}
+    env.update(CUTE_DISKCACHE_DIR=str(tmp_path / "volume"), CUTE_DISKCACHE_READ_DIRS=f"{baked}{os.pathsep}{missing}",
+               CUTE_DISKCACHE_LOG_LEVEL="info")
+    proc = subprocess.run([sys.executable, "-c", _ENGINE, str(Path(__file__).resolve().parent)], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["1", "1"], "the micro kernel from the layer, the static one compiled"
+    (attach,) = [ln for ln in proc.stderr.splitlines() if "attached:" in ln]
+    assert f"; read layers: {baked} (" in attach and f"{missing} (missing)" in attach, attach
+    (miss,) = [ln for ln in proc.stderr.splitlines() if "compiling" in ln]
+    assert f"read layers {baked}: no entry; {missing} does not exist" in miss, miss
+
+
+# --------------------------------------------------------------------------------------------
+# What held in the review of issue 29: hostile layers, and eviction never touching a layer
+# --------------------------------------------------------------------------------------------
+
+OUTSIDER = 3000
+
+
+def _edir(layer: Path, key: CacheKey) -> Path:
+    return Store(layer).entry_dir(key)
+
+
+def _obj(layer: Path, key: CacheKey) -> Path:
+    d = _edir(layer, key)
+    return payload_path(d, entry.read_manifest(d), "object")
+
+
+def _swap_for_link(path: Path, aside: Path) -> None:
+    os.rename(path, aside)
+    os.symlink(aside, path)
+
+
+_HOSTILE = {
+    "root owned by another uid": lambda d, k: os.chown(d, OUTSIDER, OUTSIDER),
+    "root others may write": lambda d, k: d.chmod(0o777),
+    "root sticky 1777": lambda d, k: d.chmod(0o1777),
+    "root group may write, no TRUST_GROUP": lambda d, k: d.chmod(0o775),
+    "v1 a symlink": lambda d, k: _swap_for_link(d / "v1", d.parent / f"{d.name}-v1"),
+    "namespace a symlink": lambda d, k: _swap_for_link(d / "v1" / k.env.namespace, d.parent / f"{d.name}-ns"),
+    "shard of another uid": lambda d, k: os.chown(_edir(d, k).parent, OUTSIDER, OUTSIDER),
+    "entry a symlink": lambda d, k: _swap_for_link(_edir(d, k), d.parent / f"{d.name}-entry"),
+    "entry group may write": lambda d, k: _edir(d, k).chmod(0o775),
+    "manifest a symlink": lambda d, k: _swap_for_link(_edir(d, k) / entry.MANIFEST, d.parent / f"{d.name}-manifest"),
+    "manifest of another uid": lambda d, k: os.chown(_edir(d, k) / entry.MANIFEST, OUTSIDER, OUTSIDER),
+    "object a symlink": lambda d, k: _swap_for_link(_obj(d, k), d.parent / f"{d.name}-object"),
+    "object of another uid": lambda d, k: os.chown(_obj(d, k), OUTSIDER, OUTSIDER),
+    "object others may write": lambda d, k: _obj(d, k).chmod(0o666),
+    "object a FIFO": lambda d, k: (lambda o: (o.unlink(), os.mkfifo(o)))(_obj(d, k)),
+    "object one byte flipped": lambda d, k: flip_byte(_obj(d, k)),
+}
+
+
+@needs_root
+@pytest.mark.parametrize("case", sorted(_HOSTILE))
+def test_hostile_layer_is_never_loaded(public: Path, volume: Path, key: CacheKey, case: str) -> None:
+    """The review's 16 layouts of a read layer someone else could have shaped: each refused
+    (a miss), by an engine of another uid, and nothing under the layer changed."""
+    layer = public / "layer"
+    assert Store(layer).commit(key, BAKED) is not None
+    _HOSTILE[case](layer, key)
+    with as_user(NOBODY):
+        store = Store(volume / "cache", read_dirs=[layer])
+        assert store.lookup_or_quarantine(key, load=True) is None, case
+        assert store.lookup_or_quarantine(key) is None, case
+    assert not (layer / "quarantine").exists()
+
+
+@needs_root
+def test_layer_reached_through_a_link_is_the_operators_path(public: Path, volume: Path, key: CacheKey) -> None:
+    """The guard of the 16: the layer's own path may be a link (the operator's setting)."""
+    layer = public / "layer"
+    assert Store(layer).commit(key, BAKED) is not None
+    os.symlink(layer, public / "layer-link")
+    with as_user(NOBODY):
+        found = Store(volume / "cache", read_dirs=[public / "layer-link"]).lookup_or_quarantine(key, load=True)
+    assert found is not None and found[1] == BAKED.object_bytes
+
+
+def test_eviction_and_housekeeping_never_touch_a_layer(tmp_path: Path, key: CacheKey, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The size cap, LRU eviction and housekeeping act on the writable root only: a layer
+    holding three entries keeps every file and every mtime while the root evicts down to its cap."""
+    from cute_diskcache import eviction, housekeeping
+
+    layer = tmp_path / "layer"
+    keys = [make_key(kind) for kind in ("micro", "static", "dynamic")]
+    for i, k in enumerate(keys):
+        assert Store(layer).commit(k, make_artifact((bytes([i + 1]) * 4000,))) is not None
+    before = {str(p.relative_to(layer)): p.lstat().st_mtime_ns for p in layer.rglob("*")}
+    monkeypatch.setenv("CUTE_DISKCACHE_MAX_SIZE", "20K")
+    store = Store(tmp_path / "root", read_dirs=[layer])
+    for i in range(12):
+        store.commit(make_key("micro", site_key=("micro",) + (i,) * 19), make_artifact((bytes([50 + i]) * 4000,)))
+    assert sum(1 for _ in (tmp_path / "root" / "v1").rglob(entry.MANIFEST)) < 12, "the root did evict"
+    eviction.make_room(store.root, 10**9, keep=None)
+    housekeeping.maintain(store.root, force=True)
+    store.maintain()
+    assert {str(p.relative_to(layer)): p.lstat().st_mtime_ns for p in layer.rglob("*")} == before
+    assert all(store.lookup_or_quarantine(k) is not None for k in keys)

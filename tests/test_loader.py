@@ -120,3 +120,42 @@ def test_without_the_compile_time_object_export_to_c_is_used(warm_micro_root: Wa
     _d2, tapped = _entry(warm_micro_root.root)
     assert tapped["symbol"] != m["symbol"], "the tapped object keeps the compile's own function name"
     assert tapped["payloads"]["cubin"][0]["sha256"] == m["payloads"]["cubin"][0]["sha256"], "the same device code either way"
+
+
+def test_a_hit_loads_the_verified_bytes_through_a_memfd(micro_copy: Warm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What held in the review of issue 29: the bytes the DSL's loader (and ``dlopen``) reads are
+    an anonymous in-memory copy of the bytes verified, never the path in the cache: a file
+    rewritten between the check and the load changes nothing loaded. A real entry, the real
+    loaders; the spies only record what path and bytes they were handed."""
+    import ctypes
+    import os
+
+    import cutlass.cute.runtime as runtime
+
+    d, manifest = _entry(micro_copy.root)
+    seen: list[tuple[str, bytes]] = []
+    real_load, real_cdll = runtime.load_module, ctypes.CDLL
+
+    def load_module(path: str, **kw: Any) -> Any:
+        seen.append((os.readlink(path), Path(path).read_bytes()))
+        return real_load(path, **kw)
+
+    def cdll(path: str, *a: Any, **kw: Any) -> Any:
+        if str(path).startswith("/proc/self/fd/"):
+            seen.append((os.readlink(path), Path(path).read_bytes()))
+        return real_cdll(path, *a, **kw)
+
+    monkeypatch.setattr(runtime, "load_module", load_module)
+    monkeypatch.setattr(loader.ctypes, "CDLL", cdll)
+    for role in ("object", "shared"):
+        if not manifest["payloads"].get(role):
+            continue
+        data = entry.verify(d, manifest, None, role=role)
+        on_disk = d / manifest["payloads"][role][0]["file"]
+        on_disk.write_bytes(b"\x7fELF rewritten after the check")  # what a racing writer would leave
+        kernel = loader.load_object(data, manifest["symbol"], manifest["tvm_ffi"]) if role == "object" else \
+            loader.load_shared(data, manifest["symbol"])
+        assert kernel is not None
+        target, loaded = seen[-1]
+        assert target.startswith("/memfd:cute_diskcache_") and loaded == data, (role, target)
+    assert len(seen) == sum(1 for r in ("object", "shared") if manifest["payloads"].get(r)) >= 1, seen

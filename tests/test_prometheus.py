@@ -125,3 +125,21 @@ def test_refused_root_reads_0_and_json_conflicts(root: Path, capsys: pytest.Capt
     code = cli.main(["--root", str(root), "stats", "--json", "--format", "prometheus"])
     said = capsys.readouterr()
     assert code == 2 and "two output formats" in said.out + said.err  # a JSON error object
+
+
+def test_root_path_that_is_not_utf8_keeps_the_text_valid(tmp_path: Path) -> None:
+    """Issue 29, finding 12: a root whose path holds a byte that is not UTF-8 went raw into the
+    label, and the whole exposition (UTF-8 by definition) was invalid: every series lost."""
+    import subprocess
+
+    root = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/r\xffot"))
+    assert Store(root).commit(make_key("micro"), make_artifact()) is not None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_DISKCACHE_")}
+    for locale in ("C.UTF-8", "C"):  # an engine's pod may have either
+        proc = subprocess.run([sys.executable, "-m", "cute_diskcache", "--root", os.fsencode(str(root)), "stats", "--format", "prometheus"],
+                              env={**env, "LC_ALL": locale, "PYTHONIOENCODING": ""}, capture_output=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr.decode(errors="replace")[-2000:]
+        text = proc.stdout.decode("utf-8")  # strict: the format is UTF-8
+        families = {f.name: f for f in parser.text_string_to_metric_families(text)}
+        (sample,) = families["cute_diskcache_entries"].samples
+        assert sample.labels["root"].endswith("/r\\xffot") and sample.value == 1, sample

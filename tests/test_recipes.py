@@ -260,3 +260,49 @@ def test_network_volume_read_only_or_full_keeps_serving_with_one_warning(image: 
     assert len(lines) == 1, report["stderr"]
     assert ("read-only" in lines[0]) if trouble == "read-only" else ("disk full" in lines[0] or "No space" in lines[0]), lines
     print(lines[0])
+
+
+def _emulation() -> Any:
+    import importlib.util
+
+    module = sys.modules.get("emulated_aarch64")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("emulated_aarch64", PAGE.parents[1] / "scripts" / "emulated_aarch64.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["emulated_aarch64"] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+def test_dgx_spark_image_built_on_x86_serves_an_aarch64_engine(hook: Path, sandbox: Path) -> None:
+    """Recipe 4: the build stage on this x86 box (cross-built aarch64 entries, gated by check for a
+    Spark host), the runtime's engine in an emulated aarch64 Python as the image's user."""
+    emulation = _emulation()
+    if emulation.unavailable():
+        pytest.skip(emulation.unavailable())
+    image = build(recipe("dgx-spark"), sandbox / "spark")
+    assert image.skipped and all("cute-diskcache" in s for s in image.skipped)
+    baked = Path(image.env["CUTE_DISKCACHE_READ_DIRS"])
+    assert _entries(baked) == 1, "--m 1 --no-dense: the micro kernel of m=1"
+    [namespace] = [p.name for p in (baked / "v1").iterdir()]
+    assert "-sm_121a-aarch64-" in namespace, namespace
+    [obj] = baked.glob("v1/*/*/*/object-*.o")
+    assert int.from_bytes(obj.read_bytes()[18:20], "little") == 183, "aarch64 host code"
+    assert image.user[0] != 0 and image.cmd[:2] == ["vllm", "serve"]
+
+    # The engine: aarch64, as uid 10001. Root's home (where the emulated environment lives) is
+    # closed to that uid, so the environment is shown through a bind mount in its namespace.
+    python = Path(emulation.build())
+    view = sandbox / "aarch64-env"
+    view.mkdir(mode=0o755)
+    uid, gid = image.user
+    run_as = prefix(uid, gid, stage=_stage_dir(sandbox), setup=f'mount --bind "{python.parents[2]}" "{view}"')
+    before = _tree(baked)
+    report = emulation.probe(view / "venv" / "bin" / "python", image.env["CUTE_DISKCACHE_DIR"], [1], hook,
+                             max_num_tokens=int(BUILD_ARGS["MAX_NUM_TOKENS"]), extra_env=image.env, prefix=run_as)
+    assert report["real_compiles"] == 0 and report["counters"]["hits"] == 1 and report["counters"]["compiles"] == 0, report["stderr"][-3000:]
+    assert report["records"][0]["launch_error"].endswith("expected device_type=cuda"), report["records"][0]["launch_error"]
+    assert "WARNING" not in report["stderr"], report["stderr"][-3000:]
+    assert _tree(baked) == before and _entries(image.env["CUTE_DISKCACHE_DIR"]) == 0
+    print(report["stderr"])

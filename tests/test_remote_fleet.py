@@ -25,6 +25,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _servers import free_port  # noqa: E402
+
+from cute_diskcache.remote import RemoteError  # noqa: E402
 from test_remote_redis import node_env, redis_db, redis_url, remote_names  # noqa: E402,F401  (fixtures)
 from test_remote_s3 import BUCKET, _aws, s3  # noqa: E402,F401  (fixture; it skips without moto and s3fs)
 
@@ -434,3 +436,232 @@ def test_holder_whose_compile_fails_lets_a_waiter_compile_at_once(redis_db: Any,
     assert out == {"holder": "compiler crashed"} and kernel == "compiled here"
     assert caches[1].remote.counters.lease_waits == 1 and waited < 5, waited  # not the 30 s TTL
     assert not redis_db.keys("cute-diskcache/lease/*")
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 29: a lease leaked after a failed check, S3's 409, renewals that keep their ETag
+# --------------------------------------------------------------------------------------------
+
+
+def _synthetic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a compile exports and loading a verified hit, without the DSL (the rest is real)."""
+    from _helpers import make_artifact
+
+    from cute_diskcache import export
+    from cute_diskcache.cache import CompileCache
+
+    monkeypatch.setattr(export, "export", lambda kernel, digest, seconds, extra, device, **kw: make_artifact())
+    monkeypatch.setattr(CompileCache, "_load", lambda self, key, found: "loaded")
+
+
+def test_lease_taken_then_a_failed_check_is_still_released(redis_db: Any, redis_url: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 2: the lease is taken, the ``exists`` right after it times out once. The node
+    compiles, and the lease must end with its compile: before, the node compiled "without
+    coordination" while its renewal thread kept the lease alive for the life of the process,
+    and every other node waited out its whole budget."""
+    from _helpers import make_key
+
+    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.remote.client import RemoteCache
+    from cute_diskcache.remote.redis_backend import RedisBackend
+    from cute_diskcache.store import Store
+
+    _synthetic(monkeypatch)
+    ttl = 1.5
+
+    class Flaky(RedisBackend):
+        hang_next_exists = False
+
+        def lease_acquire(self, name: str, holder: str, ttl: float) -> bool:
+            ok = super().lease_acquire(name, holder, ttl)
+            Flaky.hang_next_exists = ok
+            return ok
+
+        def exists(self, name: str) -> bool:
+            if Flaky.hang_next_exists:
+                Flaky.hang_next_exists = False
+                time.sleep(1.2)  # no answer within the 0.5 s deadline
+            return super().exists(name)
+
+    key = make_key("micro")
+    a = RemoteCache(redis_url, timeout=0.5, hmac_key=b"k", backend=Flaky(redis_url, timeout=0.5), lease_ttl=ttl)
+    kernel, _ = CompileCache(Store(tmp_path / "a", hmac_key=b"k"), remote=a, lock_timeout=30).get_or_compile(key, lambda: "compiled")
+    assert kernel == "compiled"
+    time.sleep(2 * ttl)  # an orphan renewal would have renewed it twice by now
+    assert not redis_db.keys("cute-diskcache/lease/*"), f"lease still alive: pttl {[redis_db.pttl(k) for k in redis_db.keys('cute-diskcache/lease/*')]}"
+    b = RemoteCache(redis_url, timeout=0.5, hmac_key=b"k", lease_ttl=ttl)
+    t0 = time.monotonic()
+    kernel, _ = CompileCache(Store(tmp_path / "b", hmac_key=b"k"), remote=b, lock_timeout=30).get_or_compile(key, lambda: "compiled")
+    assert kernel == "loaded" and time.monotonic() - t0 < 2 and b.counters.lease_waits == 0, (kernel, b.counters)
+
+
+def _conflicting(monkeypatch: pytest.MonkeyPatch, backend: Any, when: Callable[[dict[str, Any]], bool], times: int = 10**9) -> list[int]:
+    """Make ``backend``'s S3 client answer 409 ConditionalRequestConflict (as AWS does to two
+    conditional writes of one key at once; moto never does) to the first ``times`` put_object
+    calls ``when`` picks, the way s3fs sees it, for this test only (fsspec shares one filesystem
+    object between backends of one URL). Returns a one-item list counting the 409s."""
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    real = backend._fs.call_s3
+    count = [0]
+
+    def call_s3(method: str, *a: Any, **kw: Any) -> Any:
+        if method == "put_object" and when(kw) and count[0] < times:
+            count[0] += 1
+            raise translate_boto_error(ClientError({"Error": {"Code": "ConditionalRequestConflict", "Message": "conflict"},
+                                                    "ResponseMetadata": {"HTTPStatusCode": 409}}, "PutObject"))
+        return real(method, *a, **kw)
+
+    monkeypatch.setattr(backend._fs, "call_s3", call_s3)
+    return count
+
+
+def test_s3_409_conflict_is_a_held_lease_not_a_dead_remote(s3_env: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 3: a waiter whose conditional create meets a 409 waits for the holder like any
+    waiter: no "lease failed", no remote error, no breaker failure, no compile beside the holder's."""
+    from _helpers import make_key
+
+    from cute_diskcache.remote import lease
+    from cute_diskcache.remote.client import RemoteCache
+    from cute_diskcache.remote.fsspec_backend import FsspecBackend
+    from cute_diskcache.store import Store
+
+    _endpoint, _client, url, aws = s3_env
+    os.environ.update(aws)
+    key = make_key("micro")
+    prefix = f"t409-{os.urandom(4).hex()}"  # this test's own: the module's fleets published this key under the default one
+    lname = lease.lease_name(prefix, key.env.namespace, key.digest)
+    holder = FsspecBackend(url, timeout=2.0)
+    assert holder.lease_acquire(lname, "holder", 60.0)
+    try:
+        backend = FsspecBackend(url, timeout=2.0)
+        conflicts = _conflicting(monkeypatch, backend, lambda kw: kw.get("IfNoneMatch") == "*")
+        waiter = RemoteCache(url, prefix=prefix, timeout=2.0, hmac_key=b"k", backend=backend)
+        t0 = time.monotonic()
+        found, held = waiter.fetch_or_lease(key, Store(tmp_path / "w", hmac_key=b"k"), wait=1.5)
+        waited = time.monotonic() - t0
+        assert conflicts[0] >= 1, "the 409 was met"
+        assert (found, held) == (None, None) and waited >= 1.4, f"gave up the wait after {waited:.2f} s"
+        assert waiter.counters.remote_errors == 0 and waiter.breaker._failures == 0 and waiter.counters.lease_waits == 1, waiter.counters
+    finally:
+        monkeypatch.undo()
+        holder.lease_release(lname, "holder")
+
+
+def test_s3_renewal_that_meets_a_409_tries_again(s3_env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cute_diskcache.remote.fsspec_backend import FsspecBackend
+
+    _endpoint, _client, url, aws = s3_env
+    os.environ.update(aws)
+    backend = FsspecBackend(url, timeout=2.0)
+    name = f"cute-diskcache/lease/ns/{os.urandom(8).hex()}"
+    assert backend.lease_acquire(name, "h", 5.0)
+    conflicts = _conflicting(monkeypatch, backend, lambda kw: "IfMatch" in kw, times=1)
+    assert backend.lease_renew(name, "h", 5.0) is True and conflicts[0] == 1, "one 409, then renewed: not 'lost'"
+    conflicts = _conflicting(monkeypatch, backend, lambda kw: "IfMatch" in kw)
+    with pytest.raises(RemoteError, match="409"):
+        backend.lease_renew(name, "h", 5.0)  # raised, so the renewal loop tries again later; never False
+    monkeypatch.undo()
+    backend.lease_release(name, "h")
+
+
+def test_s3_renewal_defeats_a_takeover_read_before_it(s3_env: Any) -> None:
+    """Finding 11: a node reads the lease as expired; the holder renews; the node's If-Match with
+    the ETag it read must lose (every renewal writes a new body, so a new ETag). Before, a renewal
+    kept the ETag and both nodes compiled."""
+    from cute_diskcache.remote.fsspec_backend import FsspecBackend
+
+    _endpoint, _client, url, aws = s3_env
+    os.environ.update(aws)
+    backend = FsspecBackend(url, timeout=2.0)
+    name = f"cute-diskcache/lease/ns/{os.urandom(8).hex()}"
+    assert backend.lease_acquire(name, "holder", 0.5)
+    time.sleep(0.7)
+    stale = backend._current(name)
+    assert stale is not None and stale[1] < time.time(), "read as expired"
+    assert backend.lease_renew(name, "holder", 20.0), "the holder was only slow"
+    assert backend._current(name)[2] != stale[2], "a renewal changes the ETag"  # type: ignore[index]
+    assert not backend._put_lease(name, "taker", 20.0, {"IfMatch": stale[2]}), "a takeover of the version it read"
+    assert backend._current(name)[0] == "holder"  # type: ignore[index]
+    backend.lease_release(name, "holder")
+
+
+def test_one_bound_for_the_local_lock_and_the_fleet_lease(redis_db: Any, redis_url: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 7: CUTE_DISKCACHE_LOCK_TIMEOUT bounds a miss's whole wait. Another node holds the
+    kernel's lease (hung); two processes of this node miss it. The second waits its bound on the
+    local lock and must then compile, not wait the lease for the bound again (2 s + 2 s before)."""
+    import threading
+
+    from _helpers import make_key
+
+    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.remote import lease
+    from cute_diskcache.remote.client import RemoteCache
+    from cute_diskcache.store import Store
+
+    _synthetic(monkeypatch)
+    bound, compile_s = 2.0, 3.0
+    key = make_key("micro")
+    redis_db.set(lease.lease_name("cute-diskcache", key.env.namespace, key.digest), "another-node", px=600_000)
+    t0 = time.monotonic()
+    started: dict[str, float] = {}
+
+    def process(name: str, delay: float) -> None:
+        time.sleep(delay)
+        cache = CompileCache(Store(tmp_path / "node", hmac_key=b"k"), lock_timeout=bound,
+                             remote=RemoteCache(redis_url, timeout=0.5, hmac_key=b"k"))
+
+        def compile_fn() -> str:
+            started[name] = time.monotonic() - t0
+            time.sleep(compile_s)
+            return "compiled"
+
+        cache.get_or_compile(key, compile_fn)
+
+    threads = [threading.Thread(target=process, args=("first", 0.0)), threading.Thread(target=process, args=("second", 0.3))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    print(f"\ncompiles started at {started} (bound {bound} s)")
+    assert started["first"] < bound + 1.0, started  # the lock at once, then the lease's wait: its bound
+    assert started["second"] < 0.3 + bound + 1.0, f"the second process waited past its bound: {started}"
+
+
+def test_redis_renewal_after_loss_is_refused(redis_db: Any, redis_url: str) -> None:
+    """What held in the review of issue 29: a holder whose lease expired and was taken over
+    neither extends nor deletes the new holder's lease (Redis' compare-then-act scripts)."""
+    from cute_diskcache.remote.redis_backend import RedisBackend
+
+    backend = RedisBackend(redis_url, timeout=1.0)
+    name = f"cute-diskcache/lease/ns/{os.urandom(8).hex()}"
+    assert backend.lease_acquire(name, "old", 0.3)
+    assert not backend.lease_acquire(name, "new", 5.0), "held"
+    time.sleep(0.5)
+    assert backend.lease_acquire(name, "new", 5.0), "expired: taken over"
+    assert not backend.lease_renew(name, "old", 5.0)
+    backend.lease_release(name, "old")
+    assert redis_db.get(name) == b"new" and redis_db.pttl(name) > 4000
+    assert backend.lease_renew(name, "new", 5.0)
+    backend.lease_release(name, "new")
+    assert not redis_db.exists(name)
+
+
+def test_s3_renewal_after_loss_is_refused(s3_env: Any) -> None:
+    from cute_diskcache.remote.fsspec_backend import FsspecBackend
+
+    _endpoint, _client, url, aws = s3_env
+    os.environ.update(aws)
+    backend = FsspecBackend(url, timeout=2.0)
+    name = f"cute-diskcache/lease/ns/{os.urandom(8).hex()}"
+    assert backend.lease_acquire(name, "old", 0.4)
+    time.sleep(0.6)
+    assert backend.lease_acquire(name, "new", 5.0), "expired: taken over"
+    assert not backend.lease_renew(name, "old", 5.0)
+    backend.lease_release(name, "old")
+    assert backend._current(name)[0] == "new"  # type: ignore[index]
+    backend.lease_release(name, "new")
+    assert not backend.exists(name)

@@ -1,7 +1,7 @@
 """Fleet sharing through a real redis-server: nodes are separate processes with separate roots.
 
 Every test talks to a redis-server this module starts on a free loopback port (the binary is
-installed by ``scripts/ensure_redis_server.sh`` (README step 2, ``.ci/run``); without it these tests fail, unless ``CDC_TEST_NO_REDIS=1`` says
+installed by ``scripts/ensure_test_tools.sh`` (README step 2, ``.ci/run``); without it these tests fail, unless ``CDC_TEST_NO_REDIS=1`` says
 this machine has none on purpose). The kernels are real: flashinfer 0.6.15.post1's micro
 kernel compiled on the CPU through the rtx-pro-6000 profile by the ``probe`` fixture, and
 "zero compiles" is the conftest's independent count of the DSL's compiles.

@@ -278,6 +278,40 @@ def test_bad_remote_value_is_a_miss_then_replaced_by_our_compile(damage: str, tm
     assert fresh.fetch(key, Store(tmp_path / "c", hmac_key=hmac_key)) is not None
 
 
+def test_node_with_another_signing_key_leaves_the_fleets_entry_alone(tmp_path: Path, memory_url: str,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 29, finding 4: a fleet signs with K1; one node (a canary mid-rotation, a typo) holds
+    K2. It misses (another key's entry is never loaded) and compiles, and the fleet's entry stays:
+    the local rule, where a badly signed entry is not damage. Before, its publish replaced the
+    fleet's entry and the next correct node compiled again."""
+    from cute_diskcache import export
+    from cute_diskcache.cache import CompileCache
+
+    monkeypatch.setattr(export, "export", lambda kernel, digest, seconds, extra, device, **kw: make_artifact())
+    monkeypatch.setattr(CompileCache, "_load", lambda self, key, found: "loaded")
+    key = make_key("micro")
+
+    def node(name: str, hmac_key: bytes) -> tuple[Any, RemoteCache, CompileCache]:
+        rc = RemoteCache(memory_url, hmac_key=hmac_key, use_lease=False)
+        cache = CompileCache(Store(tmp_path / name, hmac_key=hmac_key), remote=rc)
+        kernel, _ = cache.get_or_compile(key, lambda: "compiled")
+        assert rc.flush(5)
+        return kernel, rc, cache
+
+    assert node("a", b"K1")[0] == "compiled"
+    fleets = RemoteCache(memory_url).backend().get(RemoteCache(memory_url).name(key.env.namespace, key.digest))  # type: ignore[union-attr]
+    kernel, odd, _ = node("odd", b"K2")
+    assert kernel == "compiled" and odd.counters.published == 0, "the odd node's compile stays its own"
+    rc = RemoteCache(memory_url)
+    assert rc.backend().get(rc.name(key.env.namespace, key.digest)) == fleets, "the fleet's entry is untouched"  # type: ignore[union-attr]
+    for name in ("c", "d"):
+        kernel, rc_n, cache = node(name, b"K1")
+        assert kernel == "loaded" and cache.counters.compiles == 0 and rc_n.counters.remote_hits == 1, name
+    odd_lines = [r.getMessage() for r in caplog.records if "signed with another key" in r.getMessage()]
+    assert len(odd_lines) == 1 and "stays" in odd_lines[0], odd_lines
+
+
 def test_entry_for_another_key_under_our_name_is_refused(tmp_path: Path, memory_url: str) -> None:
     """A value copied under another entry's name: the name check refuses it before any disk write."""
     ours, theirs = make_key("micro"), make_key("static")
@@ -452,3 +486,67 @@ def test_cli_push_pull_and_stats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert "(not configured now)" in capsys.readouterr().out, "what was counted still shows"
     assert cli.main(["--root", str(tmp_path / "fresh"), "stats"]) == 0
     assert "remote" not in capsys.readouterr().out, "no remote lines without a remote or remote activity"
+
+
+# --------------------------------------------------------------------------------------------
+# What held in the review of issue 29: forged .hit values never load
+# --------------------------------------------------------------------------------------------
+
+
+def _forge(hit: bytes, how: str) -> bytes:
+    import hashlib
+
+    d = msgpack.unpackb(hit, raw=False)
+    files = d["files"]
+    outer = msgpack.unpackb(files[entry.MANIFEST], raw=False)
+    if how == "unsigned":
+        outer.pop("hmac")
+        files[entry.MANIFEST] = msgpack.packb(outer, use_bin_type=True)
+    elif how == "another key":
+        files[entry.MANIFEST] = entry.pack_manifest(msgpack.unpackb(outer["body"], raw=False), hmac_key=b"attacker")
+    elif how == "payload swapped":
+        for name in files:
+            if name != entry.MANIFEST:
+                files[name] = b"\x7fELF evil" + files[name][9:]
+    elif how == "new payload, sealed without key":
+        body = msgpack.unpackb(outer["body"], raw=False)
+        evil = b"\x7fELF evil!"
+        name = f"object-{hashlib.sha256(evil).hexdigest()[:16]}.o"
+        body["payloads"]["object"] = [{"file": name, "size": len(evil), "sha256": hashlib.sha256(evil).hexdigest()}]
+        body["payloads"].pop("shared", None)
+        d["files"] = {entry.MANIFEST: entry.pack_manifest(body), name: evil}
+    elif how == "hmac as bytes":
+        outer["hmac"] = outer["hmac"].encode()
+        files[entry.MANIFEST] = msgpack.packb(outer, use_bin_type=True)
+    return msgpack.packb(d, use_bin_type=True)
+
+
+@pytest.mark.parametrize("whole", ["absent", "forged too"])
+@pytest.mark.parametrize("how", ["unsigned", "another key", "payload swapped", "new payload, sealed without key", "hmac as bytes"])
+def test_forged_hit_value_is_never_loaded_by_a_signing_node(tmp_path: Path, memory_url: str, how: str, whole: str) -> None:
+    """The review's 10 forgeries of a ``.hit`` value (and of the whole entry beside it): with a
+    key set, each is a miss and nothing of it enters the local root."""
+    key = make_key("micro")
+    src = commit(tmp_path / "src", key, hmac_key=b"K")
+    _whole, hit = blob.pack_both(src, hmac_key=b"K")
+    rc = RemoteCache(memory_url, hmac_key=b"K")
+    backend = rc.backend()
+    name = rc.name(key.env.namespace, key.digest)
+    forged = _forge(hit, how)
+    backend.put(blob.hit_object_name(rc.prefix, key.env.namespace, key.digest), forged, only_if_absent=False)  # type: ignore[union-attr]
+    if whole == "forged too":
+        backend.put(name, forged, only_if_absent=False)  # type: ignore[union-attr]
+    node = Store(tmp_path / "node", hmac_key=b"K")
+    assert rc.fetch(key, node) is None
+    assert rc.flush(5) and node.lookup_or_quarantine(key) is None and not list(layout.entry_dirs(tmp_path / "node"))
+
+
+def test_unforged_hit_value_loads(tmp_path: Path, memory_url: str) -> None:
+    """The guard of the forgeries above: the same value, untouched, is a remote hit."""
+    key = make_key("micro")
+    src = commit(tmp_path / "src", key, hmac_key=b"K")
+    _whole, hit = blob.pack_both(src, hmac_key=b"K")
+    rc = RemoteCache(memory_url, hmac_key=b"K")
+    rc.backend().put(blob.hit_object_name(rc.prefix, key.env.namespace, key.digest), hit, only_if_absent=False)  # type: ignore[union-attr]
+    found = rc.fetch(key, Store(tmp_path / "node", hmac_key=b"K"))
+    assert found is not None and rc.counters.remote_hits == 1

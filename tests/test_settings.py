@@ -174,3 +174,34 @@ def test_junk_size_keeps_the_default(monkeypatch: pytest.MonkeyPatch, caplog: py
         assert config.load().max_size == 5 * 10**9
         assert config.load().max_size == 5 * 10**9
     assert len(_warnings(caplog)) == 1
+
+
+@pytest.mark.parametrize("raw", ["\u00b2", "\u0663", "-1", "99999999999999999999", "4294967295", "no-such-group-cdc", "0x7d0"])
+def test_junk_trust_group_trusts_no_group_with_one_warning(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+                                                           tmp_path: Path, raw: str) -> None:
+    """Issue 29, finding 9: a superscript two passes ``isdigit`` and ``int`` raised out of load()
+    (a traceback in ``stats``, no attach); 20 digits raised OverflowError from chown out of a
+    compile into flashinfer's call; 4294967295 is ``(gid_t)-1``, which chown reads as "no
+    change", and the root was refused afterwards. Each is junk: no group, one warning, the cache works."""
+    from cute_diskcache import export
+    from cute_diskcache.cache import CompileCache
+
+    monkeypatch.setenv("CUTE_DISKCACHE_TRUST_GROUP", raw)
+    monkeypatch.setenv("CUTE_DISKCACHE_DIR", str(tmp_path / "cache"))
+    with caplog.at_level(logging.WARNING, logger="cute_diskcache"):
+        for _ in range(2):
+            assert config.load().trust_group is None
+    warnings = _warnings(caplog)
+    assert len(warnings) == 1 and "CUTE_DISKCACHE_TRUST_GROUP" in warnings[0] and "no group is trusted" in warnings[0], warnings
+    monkeypatch.setattr(export, "export", lambda kernel, digest, seconds, extra, device, **kw: make_artifact())
+    cache = CompileCache(Store.for_settings(config.load()))
+    assert cache.get_or_compile(make_key("micro"), lambda: "compiled")[0] == "compiled"
+    assert cache.counters.writes == 1 and Store.for_settings(config.load()).lookup_or_quarantine(make_key("micro")) is not None
+
+
+@pytest.mark.parametrize(("raw", "gid"), [("2000", 2000), (" 0 ", 0), ("4294967294", 4294967294), ("root", 0)])
+def test_trust_group_takes_gids_and_names(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, raw: str, gid: int) -> None:
+    monkeypatch.setenv("CUTE_DISKCACHE_TRUST_GROUP", raw)
+    with caplog.at_level(logging.WARNING, logger="cute_diskcache"):
+        assert config.load().trust_group == gid
+    assert _warnings(caplog) == []

@@ -181,3 +181,15 @@ def test_zero_zeroes_a_live_process_in_place(tmp_path: Path) -> None:
     finally:
         stats.bind(None)
         stats.reset_for_tests()
+
+
+def test_a_deployment_that_only_hits_keeps_stats_bounded(tmp_path: Path) -> None:
+    """Issue 29, finding 12: 40 processes that only hit (no commit, so no housekeeping, and nobody
+    ran ``stats``) left 40 files. A process making its file in a crowded ``stats/`` folds the
+    finished ones: at most FOLD_AT + 1 files, and no count lost."""
+    n = 24
+    for _ in range(n):
+        _run_worker(tmp_path, 1)
+    files = [p for p in (tmp_path / "stats").iterdir() if not p.name.startswith(".")]
+    assert len(files) <= getattr(stats, "FOLD_AT", 16) + 1, f"{len(files)} files after {n} processes"
+    assert stats.aggregate(tmp_path)["ns-a"]["hits"] == n

@@ -189,3 +189,29 @@ def test_vllm_sizes_the_wrapper_from_max_num_batched_tokens_and_splits_by_tp(vll
     post_init = _assignments(_method(_class(config, "FusedMoEConfig"), "__post_init__"))
     assert post_init["tp_size"] == "self.moe_parallel_config.tp_size"
     assert post_init["self.intermediate_size_per_partition"] == "self.intermediate_size // tp_size"
+
+
+def test_a_tp2_engine_says_one_attach_line_and_one_summary_with_totals(vllm_python: Path, tmp_path: Path) -> None:
+    """Two ranks on one node (issue 28, item 4): the attach line once, naming the ranks; the exit
+    summary once, adding up both ranks' hits and compiles; each rank's own lines at DEBUG."""
+    env = {k: v for k, v in os.environ.items() if not _DROPPED_ENV.match(k)}
+    env["CUTE_DISKCACHE_DIR"] = str(tmp_path / "root")
+    said = []
+    for _ in ("cold", "warm"):
+        proc = subprocess.run([str(vllm_python), str(DRIVER), "tp", "2"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=900)
+        assert proc.returncode == 0 and json.loads(proc.stdout.strip().splitlines()[-1]) == {"exitcodes": [0, 0]}, proc.stderr[-5000:]
+        said.append([ln for ln in proc.stderr.splitlines() if ln.startswith("[cute-diskcache] INFO")])
+    cold, warm = said
+    for lines in said:
+        attach = [ln for ln in lines if " attached: " in ln]
+        assert len(attach) == 1 and "; 2 ranks on this node (rank 0 of 2 says this)" in attach[0], lines
+        assert not [ln for ln in lines if " this process: " in ln], lines
+    (cold_summary,) = [ln for ln in cold if " this engine (" in ln]
+    # the ranks ask for the same kernel: one compiles it, the other loads it (after waiting for the
+    # compile, or after it, as the two processes happen to run)
+    assert cold_summary.startswith("[cute-diskcache] INFO this engine (2 ranks on this node): 1 hit, "), cold
+    assert "; 1 miss, 1 compiled in " in cold_summary, cold_summary
+    (warm_summary,) = [ln for ln in warm if " this engine (" in ln]
+    assert warm_summary.startswith("[cute-diskcache] INFO this engine (2 ranks on this node): 2 hits, "), warm
+    assert " miss" not in warm_summary, warm_summary

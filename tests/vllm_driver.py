@@ -27,6 +27,13 @@ wheel), never imported by pytest. Two modes, each printing one JSON line:
     the end of warm-up (``vllm.utils.jit_monitor.activate(mode=MODE)``, which wraps
     ``cutlass.cute.compile``), then flashinfer's MoE wrapper run for each ``M`` in turn. Reports
     the cache's counters and, per M, the error raised (vLLM's RuntimeError in ``error`` mode), if any.
+
+``tp N``
+    A tensor-parallel engine start on one node: N worker processes started as vLLM's
+    multiprocessing executor starts them (``spawn``), each importing vLLM's distributed module,
+    then flashinfer (so the cache attaches before the ranks exist, as in a worker), then setting
+    up vLLM's world (``init_distributed_environment``, gloo on the CPU), running flashinfer's MoE
+    wrapper for m=1 and tearing the world down again before exit, as vLLM's shutdown does.
 """
 
 from __future__ import annotations
@@ -147,11 +154,45 @@ def monitor(mode: str, ms: list[int]) -> dict[str, Any]:
     return {**counters(), "raised": raised}
 
 
+def _tp_worker(rank: int, size: int, port: int) -> None:
+    os.environ["FLASHINFER_B12X_DISK_CACHE"] = "1"
+    os.environ["CUTE_DISKCACHE_TARGET"] = "rtx-pro-6000"  # no GPU here
+    from vllm.distributed import parallel_state
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    from cute_diskcache import flashinfer_sites
+
+    flashinfer_sites.import_dispatch()  # the cache attaches here; vLLM's ranks do not exist yet
+    parallel_state.init_distributed_environment(world_size=size, rank=rank, local_rank=rank,
+                                                distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo")
+    flashinfer_sites.dispatch(128, 8, 2048, 768, [1], max_num_tokens=4096, activation="silu")
+    parallel_state.destroy_distributed_environment()
+
+
+def tp(size: int) -> dict[str, Any]:
+    import multiprocessing
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = multiprocessing.get_context("spawn")
+    workers = [ctx.Process(target=_tp_worker, args=(r, size, port)) for r in range(size)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(600)
+    return {"exitcodes": [w.exitcode for w in workers]}
+
+
 def main(argv: list[str]) -> int:
     if argv[0] == "plugins":
         out = plugins("--enable" in argv[1:])
     elif argv[0] == "serve":
         out = serve()
+    elif argv[0] == "tp":
+        out = tp(int(argv[1]))
     elif argv[0] == "monitor":
         out = monitor(argv[1], [int(m) for m in argv[2:]])
     else:

@@ -3,10 +3,16 @@
 Plans the model exactly as ``prewarm --dry-run`` does (the same flags, the same code:
 :func:`~cute_diskcache.prewarm.plan_model`), then asks for each planned kernel what a serving
 process here would find (:func:`~cute_diskcache.coverage.inspect`: trust, seal, signature, key,
-arch, environment, host CPU, device facts, checksums), reading only. Exit 0 when every kernel
+arch, environment, host CPU, device facts, checksums, and the site's check of the entry's side
+data, the one judgement a hit applies), reading only. Exit 0 when every kernel
 would be a hit; 1 with a table of what is missing or unusable and why; 2 when the model or the
 flags cannot be planned. The planning imports flashinfer and drives it in this process with the
 cache read-only (``CUTE_DISKCACHE_READONLY``), so not even a statistics file is written.
+
+A target whose card is served from another machine (``--target dgx-spark`` on an x86 box) is
+answered for that machine: the keys name its namespaces (:mod:`..hostmachine`), so a CI job can
+gate a Spark image without a Spark. The host CPU's extensions are then not compared (this CPU
+is not the serving one); everything else is.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import shlex
 import sys
 from typing import Any, Iterator
 
-from .. import config, coverage, prewarm
+from .. import config, coverage, hostmachine, prewarm
 from .common import Add, CliError, root_of
 from .output import print_json, table
 
@@ -68,7 +74,7 @@ def judge(kernels: dict[str, prewarm.Kernel], dense: Any = None) -> list[dict[st
         elif k.key is None:
             found = coverage.Finding(coverage.MISSING, "planned without a key")
         else:
-            found = coverage.inspect(store, k.key)
+            found = coverage.inspect(store, k.key, extra_ok=k.extra_ok)
         rows.append({"kernel": k.kind, "group": k.group, "digest": k.digest, "site": getattr(k.key, "site", None),
                      "namespace": k.key.env.namespace if k.key is not None else None, "where": _where(k, dense),
                      "ms": sorted(set(k.ms)), "status": found.status, "why": found.why, "cpu_lacks": found.cpu_lacks,
@@ -100,9 +106,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     model = (shape or dense).model
     if args.json:
         print_json({"root": str(root), "root_source": source, "model": model, "target": args.target, "notes": notes,
+                    "host_machine": hostmachine.current(), "host_cpu_checked": not hostmachine.cross(),
                     "ok": not bad, "counts": counts, "host_cpu_lacks": lacks, "kernels": rows})
         return 1 if bad else 0
     on = f"target {args.target}" if args.target else "this host's GPU"
+    if hostmachine.cross():
+        on += f" (an {hostmachine.current()} host)"
+        print(f"(answering for an {hostmachine.current()} host, as target {args.target}'s card is served from: its namespaces; "
+              f"host CPU extensions are not compared from this {hostmachine.here()} machine)", file=sys.stderr)
     if not bad:
         print(f"ok: {'all ' if len(rows) > 1 else ''}{_n(len(rows), 'kernel')} {model} needs ({', '.join(_kinds(rows))}) "
               f"{'are' if len(rows) > 1 else 'is'} cached and usable on {on}, under {root}")

@@ -14,6 +14,7 @@ _NS_COLUMNS = (
     ("hits", "hits", fmt_count),
     ("misses", "misses", fmt_count),
     ("compiles", "compiles", fmt_count),
+    ("prewarm_compiles", "prewarmed", fmt_count),
     ("saved_seconds", "saved", lambda v: f"{v:.1f} s"),
     ("errors", "errors", fmt_count),
     ("quarantined", "quarantined", fmt_count),
@@ -83,6 +84,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("hits", f"{t['hits']:.0f}{rate}"),
         ("misses", f"{t['misses']:.0f}"),
         ("compiles", f"{t['compiles']:.0f}  ({t['compile_seconds']:.1f} s compiling)"),
+        ("prewarm", f"{t.get('prewarm_compiles', 0.0):.0f} compiled ({t.get('prewarm_compile_seconds', 0.0):.1f} s), "
+                    f"{t.get('prewarm_hits', 0.0):.0f} found cached  (not in the hits, misses and compiles above: those are serving's)"),
         ("compile time saved", f"{t['saved_seconds']:.1f} s  (loads took {t['load_seconds']:.2f} s)"),
         ("errors", f"{t['errors']:.0f}"),
         ("quarantined", f"{t['quarantined']:.0f}"),

@@ -230,7 +230,8 @@ def _through_cache(site: Site, call: Call, compile_fn: Callable[[], Any], cache_
         log.error("cute-diskcache disabled for this %s compile: %s: %s", site.name, type(exc).__name__, exc)
         return uncached()
     if PLAN is not None:
-        PLAN.append({"kind": site.kind, "digest": key.digest, "key": key, "site": site.name})
+        # extra_ok: the judgement a hit applies to the entry's side data, for check and prewarm's "cached"
+        PLAN.append({"kind": site.kind, "digest": key.digest, "key": key, "site": site.name, "extra_ok": site.extra_ok})
         kernel, extra = PlannedKernel(key.digest), _planned_extra(cache, key)
     else:
         extra_fn = (lambda kernel: site.extra(kernel, call)) if site.extra else None

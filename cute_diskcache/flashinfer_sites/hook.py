@@ -35,9 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import front
-from ..convention import calling_convention, convention_ok, packed_ptx, with_calling_convention, with_ptx
+from ..convention import as_compiled_hit, packed_ptx, side_data, side_data_ok, with_ptx
 from ..patches import PATCHES
 from ..describe import Describer, evaluated_annotations
+from ..cache import HIT_FROM
 from ..key import Environment, Plain, UnkeyableError, codegen_env, current_arch, env_reads, keyed_env
 from . import _common, block_dim, sites
 from ._common import NOT_CODEGEN_ENV, Call, Site, options_text
@@ -115,8 +116,10 @@ def _dynamic_parameters(fn: Any, args: tuple[Any, ...]) -> set[int]:
 
     The DSL compiles a value passed for a ``cutlass.Int32``-annotated parameter as a runtime
     argument (only ``Constexpr`` and unannotated values are baked in), so the value does not
-    change the kernel: flashinfer's b12x GEMM passes each layer's scale extents that way and
-    compiles one kernel for every layer. Anything we cannot read keeps the value in the key.
+    change the kernel: flashinfer's b12x GEMM passes each layer's scale extents that way (Python
+    ints) and compiles one kernel for every layer; 0.7.4's KDA prefill passes its TMA descriptors'
+    device addresses that way (``cutlass.Int64(address)``), new in every process. A bool stays a
+    value, and anything we cannot read keeps the value in the key.
     """
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
         declared = _integer_parameters(fn.__func__, True)
@@ -124,7 +127,11 @@ def _dynamic_parameters(fn: Any, args: tuple[Any, ...]) -> set[int]:
         declared = _integer_parameters(fn, False)
     else:  # a kernel object's __call__, a partial...: its values stay in the key
         return set()
-    return {i for i in declared if i < len(args) and type(args[i]) is int}
+    if not declared:
+        return set()
+    import cutlass
+
+    return {i for i in declared if i < len(args) and (type(args[i]) is int or isinstance(args[i], cutlass.Integer))}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -215,8 +222,7 @@ def _environment_for(namespace: str, sources: str, reads: frozenset[str]) -> Env
 
 
 def _extra(kernel: Any, call: Call) -> dict[str, Any]:
-    extra = {"calling_convention": calling_convention(kernel),
-             "kwargs_wrapper": getattr(kernel, "_kwargs_wrapper", None) is not None}
+    extra = side_data(kernel)
     if call.locals.get("wants_ptx"):
         extra["ptx_z"] = packed_ptx(kernel)
     if call.locals["row"].side == "block_dim":
@@ -225,14 +231,12 @@ def _extra(kernel: Any, call: Call) -> dict[str, Any]:
 
 
 def _extra_ok(extra: dict[str, Any], row: Row) -> bool:
-    """Side data from disk has the shape this writer stores (else the entry is a miss): a calling
-    convention for a tvm-ffi kernel only, PTX as bytes, a direct micro kernel's block-dim probe."""
-    wrapped = extra.get("kwargs_wrapper")
-    if not isinstance(wrapped, bool) or ("ptx_z" in extra and not isinstance(extra["ptx_z"], bytes)):
+    """Side data from disk has the shape this writer stores (else the entry is a miss): the
+    compile's calling convention and class (:func:`..convention.side_data_ok`), PTX as bytes, a
+    direct micro kernel's block-dim probe."""
+    if not side_data_ok(extra) or ("ptx_z" in extra and not isinstance(extra["ptx_z"], bytes)):
         return False
-    if row.side == "block_dim" and not block_dim.extra_ok(extra):
-        return False
-    return convention_ok(extra.get("calling_convention")) if wrapped else extra.get("calling_convention") is None
+    return row.side != "block_dim" or block_dim.extra_ok(extra)
 
 
 def _deliver(kernel: Any, extra: dict[str, Any], call: Call) -> None:
@@ -241,8 +245,9 @@ def _deliver(kernel: Any, extra: dict[str, Any], call: Call) -> None:
 
 
 def _adapt(kernel: Any, extra: dict[str, Any], call: Call) -> Any:
-    if convention_ok(extra.get("calling_convention")):
-        kernel = with_calling_convention(kernel, extra["calling_convention"])
+    payloads = extra.get(HIT_FROM)
+    if payloads is not None:  # a hit: what the compile handed flashinfer, around the loaded function
+        kernel = as_compiled_hit(kernel, extra, payloads)
     if not call.locals.get("wants_ptx"):
         return kernel
     return with_ptx(kernel, extra.get("ptx_z"), call.locals["site"])
@@ -282,13 +287,18 @@ def _realpath(filename: str) -> str:
 _FLASHINFERS = "flashinfer's own cache"
 
 
+#: A frame of flashinfer's code that is no site.
+_LIBRARY = "flashinfer's code"
+
+
 def _classify(code: types.CodeType) -> Row | str | None:
+    """A code object's row, :data:`_FLASHINFERS`, :data:`_LIBRARY`, or None (not flashinfer's)."""
     where = _where(code)
     if where is None:
         return None
     if where[0] in sites.OWN_DISK_CACHES:
         return _FLASHINFERS
-    return sites.BY_WHERE.get(where)
+    return sites.BY_WHERE.get(where, _LIBRARY)
 
 
 class HandBack(Exception):
@@ -338,9 +348,10 @@ def _hand_back() -> Any:
 def _find_site(frame: types.FrameType | None) -> tuple[Row, tuple[str, ...], str] | None:
     """The nearest site above a compile: (row, modules of the frames up to it, where the compile is).
 
-    Only flashinfer's frames count: where the compile is means the nearest frame of flashinfer's
-    code, so a frame of anyone else's between it and the compile (a profiler's or tracer's
-    decorator, a wrapper of ``cute.compile`` that is not behind :mod:`..front`) changes no key.
+    Only flashinfer's frames count: where the compile is means the nearest frame of code in
+    flashinfer's package, so a frame of anyone else's between it and the compile (a profiler's or
+    tracer's decorator, a wrapper of ``cute.compile`` that is not behind :mod:`..front`) changes
+    no key.
     """
     modules: list[str] = []
     compiled_in = ""
@@ -357,8 +368,8 @@ def _find_site(frame: types.FrameType | None) -> tuple[Row, tuple[str, ...], str
         module = frame.f_globals.get("__name__", "")
         if _ours(module):
             modules.append(module)
-            if not compiled_in:
-                compiled_in = getattr(code, "co_qualname", code.co_name)
+        if found is not None and not compiled_in:
+            compiled_in = getattr(code, "co_qualname", code.co_name)
         if isinstance(found, Row):
             return found, tuple(modules), compiled_in
         frame = frame.f_back

@@ -112,7 +112,8 @@ def unpack(raw: bytes, namespace: str, digest: str) -> dict[str, bytes]:
     return files
 
 
-def stage(files: dict[str, bytes], staging_root: Path, namespace: str, digest: str, *, durable: bool = True) -> Path:
+def stage(files: dict[str, bytes], staging_root: Path, namespace: str, digest: str, *, durable: bool = True,
+          group: int | None = None) -> Path:
     """Write ``files`` as an entry directory under ``staging_root`` (layout ``v1/<ns>/<xx>/<digest>``).
 
     New private files only (``O_EXCL``, no links followed), the manifest last. Returns the
@@ -120,9 +121,10 @@ def stage(files: dict[str, bytes], staging_root: Path, namespace: str, digest: s
     import does. The read-through path passes False: there the fsyncs were three quarters of
     a remote hit (~12 ms of ~16 ms here), and durability buys nothing, because the local copy
     of a remote entry is a cache of a cache: a file torn by a power cut fails its checksum at
-    the next lookup like any damaged entry, and is fetched again.
+    the next lookup like any damaged entry, and is fetched again. ``group``: the store's trusted
+    group, which the entry directory gets (see :func:`.ingest.stage_file`).
     """
     edir = staging_root / LAYOUT / namespace / digest[:2] / digest
     for name in sorted(files, key=lambda n: n == entry.MANIFEST):
-        ingest.stage_file(edir / name, (files[name],), staging=staging_root, durable=durable)
+        ingest.stage_file(edir / name, (files[name],), staging=staging_root, durable=durable, group=group)
     return edir

@@ -16,8 +16,11 @@ store safe to put behind a serving process:
   publisher of an entry wins, later ones are no-ops. The one exception is a node holding the
   kernel's fleet lease (:mod:`.lease`, :meth:`RemoteCache.flight`): it publishes synchronously,
   bounded, before it lets the waiting nodes go. A remote value that failed verification
-  here is overwritten by this node's own compile of it, so one bad object heals itself instead
-  of costing every node a compile forever. Bad remote objects are never deleted by a fetch.
+  here as damaged (or unsigned, where we sign) is overwritten by this node's own compile of it,
+  so one bad object heals itself instead of costing every node a compile forever; one signed
+  with another key is sound for the nodes that hold that key and stays, as on a local root (a
+  node with a wrong key must not replace the fleet's entries). Bad remote objects are never
+  deleted by a fetch.
 
 Counters (this process) and statistics (the root's, per namespace) gain ``remote_*`` fields.
 
@@ -295,9 +298,17 @@ class RemoteCache:
             try:
                 found = self._adopt(raw, key, store, name)
             except entry.EntryError as exc:
+                self._count(ns, "remote_errors")
+                if _another_key(exc):  # sound, for the nodes that hold that key: it stays, as on a local root
+                    self._warn_once(
+                        "key:" + name,
+                        "cute-diskcache: %s: entry %s is signed with another key (%s); compiling it here, the remote "
+                        "entry stays for the nodes that hold that key (is CUTE_DISKCACHE_HMAC_KEY the fleet's?)",
+                        self.label, key.digest[:12], exc.detail,
+                    )
+                    return None, "bad"
                 with self._lock:
                     self._bad.add(name)
-                self._count(ns, "remote_errors")
                 self._warn_once(
                     "bad:" + name,
                     "cute-diskcache: %s: entry %s rejected (%s); compiling it here, and this node's entry will replace it",
@@ -365,7 +376,7 @@ class RemoteCache:
                 return
             self._count(ns, "remote_bytes_in", len(raw))
             staged = store.scratch_dir("remote")
-            edir = blob.stage(blob.unpack(raw, ns, digest), staged, ns, digest, durable=False)
+            edir = blob.stage(blob.unpack(raw, ns, digest), staged, ns, digest, durable=False, group=store.trust_group)
             report = ingest.ImportReport(f"remote:{name}")
             if not ingest.adopt_staged(store.root, store, edir, report, hmac_key=store.hmac_key):
                 log.debug("completing %s locally: %s", digest[:12], report.bad[0]["reason"] if report.bad else "not merged")
@@ -393,12 +404,13 @@ class RemoteCache:
         if base is None:
             base = Path(tempfile.mkdtemp(prefix="cute_diskcache-remote-"))
         try:
-            edir = blob.stage(files, base, ns, digest, durable=False)
+            edir = blob.stage(files, base, ns, digest, durable=False, group=store.trust_group if writable else None)
             if writable:
                 report = ingest.ImportReport(f"remote:{name}")
                 if not ingest.adopt_staged(store.root, store, edir, report, hmac_key=store.hmac_key):
-                    bad = report.bad[0]["reason"] if report.bad else "check failed"
-                    raise entry.EntryError("remote", bad)
+                    bad = report.bad[0]["reason"] if report.bad else "remote: check failed"
+                    reason, _, detail = bad.partition(": ")  # the report keeps str(EntryError): "<reason>: <detail>"
+                    raise entry.EntryError(reason, detail)
                 found = store.lookup_or_quarantine(key)
                 if found is not None or not edir.exists():
                     return found
@@ -437,9 +449,7 @@ class RemoteCache:
                     raise RemoteError("breaker open")
                 if self._bounded(self.timeout, backend.lease_acquire, lname, holder, self.lease_ttl):
                     taken = lease.Lease(backend, lname, holder, self.lease_ttl, call=self._bounded, timeout=self.timeout)
-                    # The holder before us may have published and released between our GET and our SET.
-                    if not self._bounded(self.timeout, backend.exists, name):
-                        self.breaker.success()
+                    if not self._published_meanwhile(backend, name, ns):
                         with self._lock:
                             self.counters.leases += 1
                         log.debug("lease %s taken: compiling %s for the fleet", lname, key.digest[:12])
@@ -452,8 +462,10 @@ class RemoteCache:
                     waited = True
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        self._warn_once("lease-wait", "cute-diskcache: %s: waited %.0f s for another node compiling %s %s; compiling it here too",
-                                        self.label, wait, key.site, key.digest[:12])
+                        self._warn_once("lease-wait", "cute-diskcache: %s: another node is compiling %s %s and this miss has waited "
+                                        "its bound (CUTE_DISKCACHE_LOCK_TIMEOUT, %.0f s left of it for the fleet after "
+                                        "the local lock; waited %.1f s here); compiling it here too",
+                                        self.label, key.site, key.digest[:12], wait, time.monotonic() - t0)
                         return None, None
                     time.sleep(min(delay, left))
                     delay = min(delay * lease.POLL_GROWTH, lease.POLL_MAX_S)
@@ -472,6 +484,26 @@ class RemoteCache:
                 with self._lock:
                     self.counters.lease_waits += 1
                     self.counters.lease_wait_seconds += time.monotonic() - t0
+
+    def _published_meanwhile(self, backend: Backend, name: str, ns: str) -> bool:
+        """Whether the entry is there now, asked right after this node took the lease (the
+        holder before us may have published and released between our GET and our SET).
+
+        Never raises: the lease is ours from the moment it was taken, and every way out of
+        :meth:`fetch_or_lease` but returning it would leave its renewal thread keeping it alive
+        for the life of the process, every other node waiting out its whole budget (issue 29).
+        A failed check answers "not there": this node compiles for the fleet and releases the
+        lease as any holder does (at worst, once, a kernel published a moment ago is compiled
+        again)."""
+        try:
+            present = bool(self._bounded(self.timeout, backend.exists, name))
+        except RemoteError as exc:
+            self.breaker.failure(str(exc))
+            self._count(ns, "remote_errors")
+            log.debug("%s: checking %s after taking its lease failed (%s); compiling it for the fleet", self.label, name, exc)
+            return False
+        self.breaker.success()
+        return present
 
     @contextlib.contextmanager
     def flight(self, key: CacheKey, store: Store, wait: float) -> Iterator[None]:
@@ -620,7 +652,7 @@ class RemoteCache:
                     continue  # deleted since the listing
                 stats.record(ns, "remote_bytes_in", len(raw))
                 try:
-                    edir = blob.stage(blob.unpack(raw, ns, digest), staging, ns, digest)
+                    edir = blob.stage(blob.unpack(raw, ns, digest), staging, ns, digest, group=store.trust_group)
                 except entry.EntryError as exc:
                     report.bad.append({"digest": digest, "namespace": ns, "reason": str(exc)})
                     continue
@@ -628,6 +660,14 @@ class RemoteCache:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return report
+
+
+def _another_key(exc: entry.EntryError) -> bool:
+    """A signature that does not match ours: the entry is sound for the nodes holding the key that
+    signed it (a canary during a key rotation, another fleet on one store). The local rule
+    (:data:`entry.CORRUPT`): such an entry is a miss and stays; only damage is replaced, and an
+    unsigned entry is re-signed by the rewrite, as a local one is."""
+    return exc.reason == "signature" and exc.detail != entry.UNSIGNED
 
 
 class _Workers:

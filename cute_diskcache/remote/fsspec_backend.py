@@ -11,7 +11,11 @@ fsspec gives no portable socket timeout; the caller's deadline bounds every call
 Leases (:mod:`.lease`) only where the store has conditional writes, which fsspec does not
 abstract: S3 through s3fs (``If-None-Match: *`` to create, ``If-Match: <etag>`` to renew or
 take over, a conditional delete to release; AWS has honoured them since 2024, MinIO and moto
-5.2 too). Other schemes say ``supports_lease = False`` and nodes compile as before.
+5.2 too). AWS answers a conditional write that races another on the same key with 409
+``ConditionalRequestConflict`` and asks for a retry: for a lease that means "someone is writing
+it now", so it reads as held (the waiter polls again), never as a failed remote. Every write of
+the lease carries its expiry in the body, so each renewal changes the ETag a takeover's
+``If-Match`` names. Other schemes say ``supports_lease = False`` and nodes compile as before.
 """
 
 from __future__ import annotations
@@ -90,18 +94,28 @@ class FsspecBackend:
         bucket, key = self._bucket_key(name)
         return dict(self._fs.call_s3("head_object", Bucket=bucket, Key=key))
 
-    def _put_lease(self, name: str, holder: str, ttl: float, condition: dict[str, str]) -> bool:
-        """Write the lease under ``condition``; False when the store says the condition did not hold."""
+    def _put_lease(self, name: str, holder: str, ttl: float, condition: dict[str, str]) -> bool | None:
+        """Write the lease under ``condition``: True written, False the store says the condition
+        did not hold, None a conflict (409: another conditional write raced ours; try again).
+
+        The body carries the expiry, so every renewal is a new object with a new ETag: a node
+        that read the lease as expired and then tries ``If-Match`` with the ETag it read loses to
+        the holder's renewal in between (with the holder alone in the body, renewals kept the
+        ETag and such a takeover won: two nodes compiled).
+        """
         bucket, key = self._bucket_key(name)
+        expires = f"{time.time() + ttl:.3f}"
         try:
-            self._fs.call_s3("put_object", Bucket=bucket, Key=key, Body=holder.encode(),
-                             Metadata={"holder": holder, "expires": f"{time.time() + ttl:.3f}"}, **condition)
+            self._fs.call_s3("put_object", Bucket=bucket, Key=key, Body=f"{holder}\n{expires}\n".encode(),
+                             Metadata={"holder": holder, "expires": expires}, **condition)
             return True
         except FileExistsError:  # If-None-Match: the object exists
             return False
         except OSError as exc:
             if exc.errno == errno.EINVAL:  # s3fs's reading of 412 PreconditionFailed (If-Match)
                 return False
+            if _conflict(exc):
+                return None
             raise
 
     def _current(self, name: str) -> tuple[str, float, str] | None:
@@ -118,9 +132,18 @@ class FsspecBackend:
         return str(meta.get("holder", "")), expires, str(head.get("ETag", ""))
 
     def lease_acquire(self, name: str, holder: str, ttl: float) -> bool:
+        """Create the lease, or take over an expired one; False while someone holds it.
+
+        A 409 conflict (AWS answers concurrent conditional writes of one key with
+        ``ConditionalRequestConflict`` and asks for a retry) means another node is writing the
+        lease right now: "held", and the caller polls again, never "the remote failed".
+        """
         try:
             for _attempt in range(2):
-                if self._put_lease(name, holder, ttl, {"IfNoneMatch": "*"}):
+                created = self._put_lease(name, holder, ttl, {"IfNoneMatch": "*"})
+                if created is None:
+                    return False
+                if created:
                     return True
                 current = self._current(name)
                 if current is None:  # released between our two calls: try to create it again
@@ -129,17 +152,25 @@ class FsspecBackend:
                 if expires > time.time():
                     return False
                 # Stale (its holder died): replace exactly that version, so one taker wins.
-                return self._put_lease(name, holder, ttl, {"IfMatch": etag})
+                return bool(self._put_lease(name, holder, ttl, {"IfMatch": etag}))
             return False
         except Exception as exc:
             raise RemoteError(f"{type(exc).__name__}: {exc}") from None
 
     def lease_renew(self, name: str, holder: str, ttl: float) -> bool:
+        """Extend the lease if it is still ``holder``'s; a 409 conflict is tried again once, then
+        raised (the renewal loop tries again a third of the TTL later), never read as "lost"."""
         try:
-            current = self._current(name)
-            if current is None or current[0] != holder:
-                return False
-            return self._put_lease(name, holder, ttl, {"IfMatch": current[2]})
+            for _attempt in range(2):
+                current = self._current(name)
+                if current is None or current[0] != holder:
+                    return False
+                renewed = self._put_lease(name, holder, ttl, {"IfMatch": current[2]})
+                if renewed is not None:
+                    return renewed
+            raise RemoteError("lease renewal conflicted twice (409)")
+        except RemoteError:
+            raise
         except Exception as exc:
             raise RemoteError(f"{type(exc).__name__}: {exc}") from None
 
@@ -152,7 +183,9 @@ class FsspecBackend:
             try:
                 self._fs.call_s3("delete_object", Bucket=bucket, Key=key, IfMatch=current[2])
             except OSError as exc:
-                if exc.errno != errno.EINVAL:  # renewed or taken over since we read it: not ours to delete
+                # EINVAL: renewed or taken over since we read it, not ours to delete; a 409: a
+                # write raced the delete, and the lease ends within its TTL anyway.
+                if exc.errno != errno.EINVAL and not _conflict(exc):
                     raise
         except Exception as exc:
             raise RemoteError(f"{type(exc).__name__}: {exc}") from None
@@ -179,3 +212,24 @@ class FsspecBackend:
             rel = rel[len(strip):] if rel.startswith(strip) else rel
             if rel.startswith(prefix) and not rel.rsplit("/", 1)[-1].startswith(".tmp."):
                 yield rel
+
+
+#: S3's answers that a conditional write raced another one on the same key: retry, not failure.
+_CONFLICT_CODES = frozenset({"ConditionalRequestConflict", "OperationAborted", "409"})
+
+
+def _conflict(exc: BaseException) -> bool:
+    """Whether s3fs's ``exc`` is S3's 409 Conflict (s3fs translates an error code it does not
+    know, such as ``ConditionalRequestConflict``, to ``OSError(EIO)`` and keeps botocore's
+    ``ClientError`` as its cause, whose response has the code and the HTTP status)."""
+    seen = 0
+    cause: BaseException | None = exc
+    while cause is not None and seen < 4:
+        response = getattr(cause, "response", None)
+        if isinstance(response, dict):
+            code = str((response.get("Error") or {}).get("Code", ""))
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            if code in _CONFLICT_CODES or status == 409:
+                return True
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    return isinstance(exc, OSError) and exc.errno == errno.EBUSY  # s3fs's reading of a bare "409" code

@@ -18,7 +18,8 @@ that waits sees the entry the moment the lease is gone. Waiters poll with backof
 -> fetch, verify and load it like any remote entry; lease gone and entry absent (the holder
 died, or its compile could not be persisted) -> take the lease and compile. A holder that dies
 stops renewing, so its lease ends within one TTL and a waiter takes over. The wait is bounded
-by the caller's lock timeout. A remote that fails any of this is a plain miss (each node
+by the caller's lock timeout, one bound for the local lock and the lease together (what the
+local wait took is not given again). A remote that fails any of this is a plain miss (each node
 compiles: availability first), warned about once. It runs inside the local single-flight lock,
 so one process per node talks to the remote about a given kernel.
 """
