@@ -35,7 +35,14 @@ Run on 2026-12-05 on the lent H200 (Python 3.12, torch 2.11+cu130, DSL 4.8.1), t
   again: their keys hold the TMA descriptors' device addresses, passed as ``cutlass.Int64``;
 * with those keyed by type (3a7b116, reverted; ``..._3a7b116.json``): all five hit in a fresh
   process, but KDA's fwd and fused entries then failed: flashinfer's KDA requires a TVM-FFI
-  callable and a hit hands it the calling-convention wrapper. Both fixes belong together; neither is in.
+  callable and a hit hands it the calling-convention wrapper. Both fixes belong together.
+
+Run on 2026-12-05 on the lent H100 (Python 3.12, torch 2.11+cu130, DSL 4.8.1) on 6311e54, with both
+fixes in (issue 28: DSL integers keyed by type, and a hit is an instance of the compile's class):
+``bench/results/gpu_proof_inline_more_h100_issue28.json``. All five sites compiled cold (GDN 0.52 s,
+KDA fwd 2.40 s, fused 2.21 s, prepare 1.73 s, recurrence 0.50 s), and each fresh process made 0
+compiles, hit in 0.8-2.8 ms and got the same launch result (``cudaErrorNoKernelImageForDevice``:
+an sm_120a kernel on an sm_90 GPU) as the cold one.
 """
 
 from __future__ import annotations

@@ -19,6 +19,9 @@ made without running the DSL's constructor (which needs the compile):
   ``capi_func`` from the stored object (loaded as the DSL loads one), ``execution_args`` from the
   stored signature. A hit that nobody inspects pays for none of it.
 
+The serialised signature is the DSL's own format (DSL 4.5's is a pickle): it is read only from an
+entry that passed every check a hit makes, whose native code is loaded anyway.
+
 An attribute of a DSL release this module does not know (not plain data, not one of those) is
 recorded at the miss and said by name if a caller asks for it. Nothing here knows a library.
 """
@@ -155,10 +158,17 @@ def describe(kernel: Any) -> dict[str, Any] | None:
 def _signature_bytes(kernel: Any) -> bytes | None:
     """The runtime signature, serialised by the DSL's own export signature processor (None if it cannot)."""
     try:
+        _export_provider()
         return bytes(kernel.export_provider.signature_processor.dumps(kernel.execution_args.signature))
     except Exception as exc:
         log.debug("no signature kept (%s: %s)", type(exc).__name__, exc)
         return None
+
+
+def _export_provider() -> None:
+    """The DSL sets its compiled functions' export provider (and so its signature processor) when
+    ``cutlass.cute.export`` is imported, which a process that only compiles may never do."""
+    import cutlass.cute.export  # noqa: F401
 
 
 def _is_tvm_ffi_function(cls: type) -> bool:
@@ -223,8 +233,10 @@ def _execution_args(obj: Any) -> Any:
 
     if obj._cdc_signature is None:
         raise AttributeError("execution_args: the compile's signature could not be kept")
+    _export_provider()
     signature = obj.export_provider.signature_processor.loads(obj._cdc_signature)
-    return ExecutionArgs(signature, obj.function_name, adapter_scope=type(obj)._jit_arg_adapter_scope)
+    scope = getattr(type(obj), "_jit_arg_adapter_scope", None)  # DSL 4.6+; 4.5's takes two arguments
+    return ExecutionArgs(signature, obj.function_name, **({"adapter_scope": scope} if scope is not None else {}))
 
 
 _MAKERS: dict[str, Callable[[Any], Any]] = {

@@ -254,7 +254,8 @@ def result_summary(kernel: Any, workdir: Path) -> dict[str, Any]:
             return ["type", f"{type(value).__module__}.{type(value).__qualname__}"]
 
     public: dict[str, Any] = {}
-    for name in sorted(n for n in dir(kernel) if not n.startswith("_")):
+    # id_: tvm-ffi's handle address (DSL 4.5's compiled class is a tvm-ffi Function); no two objects share it
+    for name in sorted(n for n in dir(kernel) if not n.startswith("_") and n != "id_"):
         try:
             public[name] = seen(getattr(kernel, name))
         except Exception as exc:  # no GPU here: a CUDA query raises, for the compiled one too

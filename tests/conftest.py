@@ -111,6 +111,22 @@ sys.meta_path.insert(0, _Finder())
 '''
 
 
+@pytest.fixture
+def isolated_stats(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No setting of ours from the parent's environment, and this process's statistics unbound
+    and zeroed before and after (the files that count them use it with ``usefixtures``)."""
+    from cute_diskcache import stats
+
+    for name in list(os.environ):
+        if name.startswith("CUTE_DISKCACHE_"):
+            monkeypatch.delenv(name)
+    stats.reset_for_tests()
+    stats.bind(None)
+    yield
+    stats.reset_for_tests()
+    stats.bind(None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",

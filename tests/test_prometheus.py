@@ -16,21 +16,12 @@ from _helpers import make_artifact, make_key  # noqa: E402
 from cute_diskcache import cli, stats  # noqa: E402
 from cute_diskcache.store import Store  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("isolated_stats")
+
 parser = pytest.importorskip("prometheus_client.parser")
 
 #: A statistics namespace is any string a process counted under: the exposition must escape it.
 ODD = 'ns "quoted" back\\slash\nnewline'
-
-
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("CUTE_DISKCACHE_"):
-            monkeypatch.delenv(name)
-    stats.reset_for_tests()
-    yield
-    stats.reset_for_tests()
-    stats.bind(None)
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 
 from _helpers import make_artifact, make_env, make_key  # noqa: E402
 
-from cute_diskcache import cli, config, entry, ingest, layout, stats  # noqa: E402
+from cute_diskcache import cli, config, entry, ingest, layout  # noqa: E402
 from cute_diskcache.key import CacheKey  # noqa: E402
 from cute_diskcache.remote import RemoteError, blob, from_url, redact  # noqa: E402
 from cute_diskcache.remote.breaker import Breaker  # noqa: E402
@@ -31,16 +31,7 @@ from cute_diskcache.remote.client import RemoteCache  # noqa: E402
 from cute_diskcache.remote.publisher import Publisher  # noqa: E402
 from cute_diskcache.store import Store  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in list(os.environ):
-        if name.startswith("CUTE_DISKCACHE_"):
-            monkeypatch.delenv(name)
-    stats.reset_for_tests()
-    stats.bind(None)
-    yield
-    stats.reset_for_tests()
+pytestmark = pytest.mark.usefixtures("isolated_stats")
 
 
 def commit(root: Path, key: CacheKey, body: bytes = b"\x22" * 48, hmac_key: bytes | None = None) -> Path:

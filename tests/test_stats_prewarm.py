@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -26,16 +25,7 @@ from cute_diskcache import cli, export, stats  # noqa: E402
 from cute_diskcache.cache import CompileCache  # noqa: E402
 from cute_diskcache.store import Store  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in list(os.environ):
-        if name.startswith("CUTE_DISKCACHE_"):
-            monkeypatch.delenv(name)
-    stats.reset_for_tests()
-    yield
-    stats.reset_for_tests()
-    stats.bind(None)
+pytestmark = pytest.mark.usefixtures("isolated_stats")
 
 
 def _stats(root: Path, capsys: pytest.CaptureFixture[str], *args: str) -> str:
