@@ -23,6 +23,7 @@ the time to trace against the time to compile, per kernel kind, side by side in 
     python bench/upgrade_reuse.py                      # all cells (about 1.5 h on 2 cores)
     python bench/upgrade_reuse.py --cells 0.6.14 0.6.15.post1 --models qwen3-30b-a3b
     python bench/upgrade_reuse.py --report-only        # tables from bench/results/upgrade_reuse/
+    python bench/upgrade_reuse.py --table              # docs/performance.md's tables from the summary
     python bench/upgrade_reuse.py --child ...          # (internal) one model in one cell's venv
 
 Raw results: ``bench/results/upgrade_reuse/<cell>.json``, written once every model of the
@@ -440,32 +441,38 @@ def _vkey(version: str) -> tuple[int, ...]:
 
 def report(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
     names = sorted(cells, key=_vkey)
-    pairs = {f"{a} -> {b}": compare(cells[a], cells[b]) for a, b in _pairs(names)}
-    times = timing(cells)
-    print("\n| upgrade | model | kernels | same traced IR | per kind (same / all) | same IR, DSL hash recipe with locations (in place) | same DSL hash (other venv) | reused: same cubin | reused: same host object | other IR, same cubin | seconds over the plan: compile all / trace all + compile those with other IR |")
-    print("|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
-    for pair, models in pairs.items():
+    summary = {"pairs": {f"{a} -> {b}": compare(cells[a], cells[b]) for a, b in _pairs(names)}, "timing": timing(cells)}
+    print(markdown(summary))
+    return summary
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    """The two tables of docs/performance.md, from a summary (``bench/results/upgrade_reuse.json``):
+    per release pair and model, then trace against compile per kind."""
+    out = ["| upgrade | model | kernels | same traced IR | per kind (same / all) | same IR, DSL hash recipe with locations (in place) | same DSL hash (other venv) | reused: same cubin | reused: same host object | other IR, same cubin | seconds over the plan: compile all / trace all + compile those with other IR |",
+           "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for pair, models in summary["pairs"].items():
         for model, r in models.items():
             if r.get("refused"):
-                print(f"| {pair} | {model} (new release refuses the model: {r['refused'].split(': ', 1)[-1]}) | 0 | - | - | - | - | - | - | - | - |")
+                out.append(f"| {pair} | {model} (new release refuses the model: {r['refused'].split(': ', 1)[-1]}) | 0 | - | - | - | - | - | - | - | - |")
                 continue
             if not r["kernels"]:
                 continue
             kinds = ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in r["kinds"].items())
             refused = " (old release refuses the model)" if r["refused_before"] else ""
             cost = f"{r['compile_all_s']} / {r['trace_all_plus_compile_changed_s']}" if "compile_all_s" in r else "-"
-            print(f"| {pair} | {model}{refused} | {r['kernels']} | {r['same_ir']} | {kinds} | {r['same_located']} | {r['same_dsl_hash']} | "
-                  f"{r['reused_same_cubin']}/{r['reused_compared']} | {r.get('same_ir_same_object', 0)}/{r.get('same_ir_same_cubin', 0) + r.get('same_ir_other_cubin', 0)} | "
-                  f"{r.get('other_ir_same_cubin', 0)}/{r.get('other_ir_same_cubin', 0) + r.get('other_ir_other_cubin', 0)} | {cost} |")
-    print("\n| kind | compiled (all releases) | trace median s | compile median s | trace / compile (median) | first of its kind in a process: trace / compile s = ratio (median) | compile lowered the traced IR |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for kind, r in times.items():
+            out.append(f"| {pair} | {model}{refused} | {r['kernels']} | {r['same_ir']} | {kinds} | {r['same_located']} | {r['same_dsl_hash']} | "
+                       f"{r['reused_same_cubin']}/{r['reused_compared']} | {r.get('same_ir_same_object', 0)}/{r.get('same_ir_same_cubin', 0) + r.get('same_ir_other_cubin', 0)} | "
+                       f"{r.get('other_ir_same_cubin', 0)}/{r.get('other_ir_same_cubin', 0) + r.get('other_ir_other_cubin', 0)} | {cost} |")
+    out += ["", "| kind | compiled (all releases) | trace median s | compile median s | trace / compile (median) | first of its kind in a process: trace / compile s = ratio (median) | compile lowered the traced IR |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    for kind, r in summary["timing"].items():
         later, first = r.get("later") or r.get("first"), r.get("first")
         first_text = (f"{first['trace_median_s']:.2f} / {first['compile_median_s']:.2f} = {first['ratio_median']:.2f} (n={first['n']})"
                       if first else "-")
-        print(f"| {kind} | {r['compiled']} | {later['trace_median_s']:.2f} | {later['compile_median_s']:.2f} | {later['ratio_median']:.2f} | "
-              f"{first_text} | {r['ir_same_in_compile']}/{r['compiled']} |")
-    return {"pairs": pairs, "timing": times}
+        out.append(f"| {kind} | {r['compiled']} | {later['trace_median_s']:.2f} | {later['compile_median_s']:.2f} | {later['ratio_median']:.2f} | "
+                   f"{first_text} | {r['ir_same_in_compile']}/{r['compiled']} |")
+    return "\n".join(out)
 
 
 def main() -> int:
@@ -477,6 +484,7 @@ def main() -> int:
     ap.add_argument("--python", action="append", default=[], metavar="FI=PATH", help="use this interpreter for a release")
     ap.add_argument("--text-dir", type=Path, default=None, help="write the first traced module of each kind here (diffs)")
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--table", action="store_true", help="print docs/performance.md's tables from the committed summary (writes nothing)")
     ap.add_argument("--results", type=Path, default=None, help="read the cells' results from here (default: bench/results/upgrade_reuse)")
     ap.add_argument("--force", action="store_true", help="rerun releases and models that have results")
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -485,6 +493,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.child:
         return child(args)
+    if args.table:
+        print(markdown(json.loads(SUMMARY.read_text())))
+        return 0
     sys.path.insert(0, str(REPO / "scripts"))
     import compat_matrix
 
