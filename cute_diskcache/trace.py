@@ -29,6 +29,8 @@ the compile asks for line info (then they are kept: they reach the cubin's ``.de
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import hashlib
@@ -37,7 +39,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 log = logging.getLogger("cute_diskcache")
 
@@ -232,6 +234,47 @@ def compile_traced(compile_callable: Any, *args: Any, **kwargs: Any) -> tuple[An
     return result, (Traced(seconds=time.perf_counter() - t0, **seen[-1]) if seen else None)
 
 
+#: While a cache compiles a kernel whose entry may get a second-stage record (:func:`recording`):
+#: where :func:`recorder`'s hook puts the digest of what the compile lowered.
+_RECORDING: contextvars.ContextVar[list[Traced] | None] = contextvars.ContextVar("cdc_trace_recording", default=None)
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[Traced]]:
+    """Collect what compiles run with :func:`recorder`'s hook lower in this context (the last one
+    is the kernel's: a compile traces once). Scoped to this thread and call, like the hook."""
+    seen: list[Traced] = []
+    token = _RECORDING.set(seen)
+    try:
+        yield seen
+    finally:
+        _RECORDING.reset(token)
+
+
+def recorder(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` of a ``cute.compile`` call with a finalize hook that records the digest of the
+    module it lowers into the active :func:`recording` (nothing outside one; ``kwargs`` as given
+    on a DSL without hooks). What :func:`compile_traced` does, for a compile that goes through
+    someone else's wrapper of ``cute.compile`` first (vLLM's JIT monitor passes keywords on)."""
+    if unsupported() is not None:
+        return kwargs
+
+    def record(dsl: Any, module: Any, function_name: str) -> None:
+        seen = _RECORDING.get()
+        if seen is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            seen.append(Traced(seconds=0.0, **_read(dsl, module, function_name, False)))
+        except Exception as exc:  # only a second-stage record lost; the compile goes on
+            log.debug("no traced-IR digest for %s: %s: %s", function_name, type(exc).__name__, exc)
+        else:
+            log.debug("traced-IR digest of %s read in %.0f ms", function_name, (time.perf_counter() - t0) * 1e3)
+
+    record.__qualname__ = "cute_diskcache.trace.record"
+    return _with_hook(dict(kwargs), record)
+
+
 def _stop_in(exc: BaseException) -> _Stop | None:
     """Our :class:`_Stop`, where the DSL wrapped it (``DSLRuntimeError(cause=...) from ...``)."""
     seen: set[int] = set()
@@ -247,4 +290,4 @@ def _stop_in(exc: BaseException) -> _Stop | None:
     return None
 
 
-__all__ = ["DIGEST_VERSION", "TraceUnavailable", "Traced", "traced_ir", "unsupported"]
+__all__ = ["DIGEST_VERSION", "TraceUnavailable", "Traced", "compile_traced", "recorder", "recording", "traced_ir", "unsupported"]
