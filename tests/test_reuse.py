@@ -82,10 +82,13 @@ def upgraded(tmp_path_factory: pytest.TempPathFactory, new_python: str) -> dict[
     base = tmp_path_factory.mktemp("reuse-w4a16")
     root, fresh = base / "root", base / "fresh"
     old, _ = _drive(sys.executable, root)
+    import shutil
+
+    shutil.copytree(root, base / "old-only", copy_function=os.link)  # the old release's cache, as it was
     new, new_log = _drive(new_python, root)
     again, _ = _drive(new_python, root)
     alone, _ = _drive(new_python, fresh)  # the new release's own compile, in an empty cache
-    return {"root": root, "fresh": fresh, "old": old, "new": new, "new_log": new_log, "again": again, "alone": alone}
+    return {"root": root, "fresh": fresh, "old_only": base / "old-only", "old": old, "new": new, "new_log": new_log, "again": again, "alone": alone}
 
 
 def test_upgrade_compiles_nothing_whose_traced_ir_kept(upgraded: dict[str, Any]) -> None:
@@ -107,6 +110,31 @@ def test_reused_entries_equal_a_fresh_compile_byte_for_byte(upgraded: dict[str, 
         assert reused["digest"] == fresh["digest"]  # the same first-stage key
         a, b = _entry(upgraded["root"], reused["digest"]), _entry(upgraded["fresh"], fresh["digest"])
         assert _payload_shas(a, "cubin") and _payload_shas(a, "cubin") == _payload_shas(b, "cubin")
+
+
+def test_a_reused_kernel_is_what_a_compile_hands_flashinfer(upgraded: dict[str, Any]) -> None:
+    """Side data (issue 28's result, the calling convention) on a second-stage hit: the class
+    and public attributes flashinfer gets equal those of the new release's own compile."""
+    new, alone = upgraded["new"]["kernels"], upgraded["alone"]["kernels"]
+    assert sorted(new) == sorted(alone) == sorted(W4A16)
+    for name in W4A16:
+        assert new[name]["classes"][0] == alone[name]["classes"][0], name  # a hit: a subclass named like the compile's class
+        assert set(alone[name]["classes"][:3]) <= set(new[name]["classes"]), name
+        assert new[name]["public"] == alone[name]["public"], name
+
+
+def test_on_miss_error_serves_what_another_release_compiled(upgraded: dict[str, Any], new_python: str, tmp_path: Path) -> None:
+    """CUTE_DISKCACHE_ON_MISS=error refuses to compile, not to reuse: an upgraded engine in that
+    mode serves the kernels whose traced IR kept."""
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(upgraded["old_only"], root, copy_function=os.link)
+    env = {**_env(root, new_python), "CUTE_DISKCACHE_ON_MISS": "error"}
+    proc = subprocess.run([new_python, str(DRIVER), *W4A16], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    counters = json.loads(proc.stdout.strip().splitlines()[-1])["counters"]
+    assert counters["reused"] == 2 and counters["compiles"] == 0 and counters["misses"] == 0
 
 
 def test_reused_entry_is_hard_linked_and_stands_alone(upgraded: dict[str, Any]) -> None:
