@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import as_compiled, config, devicefacts, entry, eviction, explain, export, loader, locking, report, stats
+from . import as_compiled, config, devicefacts, entry, eviction, explain, export, layout, loader, locking, report, reuse, stats, trace
 from .errors import CacheMissError
 from .key import CacheKey
 from .store import Store, side_data_refusal
@@ -59,6 +59,12 @@ class Counters:
     lock_waits: int = 0  # misses that waited for another process compiling the same kernel
     lock_wait_seconds: float = 0.0
     shared_loads: int = 0  # hits loaded from the linked shared object (the rest: the DSL's object loader)
+    # issue 31: misses served by another release's entry with the same traced IR (not in hits or
+    # misses), with their seconds (trace + link + load); traces made on misses to look for one
+    reused: int = 0
+    reuse_seconds: float = 0.0
+    traces: int = 0
+    trace_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -156,6 +162,7 @@ class CompileCache:
         *,
         extra_fn: Callable[[Any], dict[str, Any]] | None = None,
         extra_ok: Callable[[dict[str, Any]], bool] | None = None,
+        reuse: Callable[[], reuse.Plan | None] | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         """Return ``(kernel, extra)``: loaded from disk when a verified entry exists, else compiled.
 
@@ -171,8 +178,16 @@ class CompileCache:
         another node's fleet lease.
         Housekeeping that a commit made due runs after the lock is released.
 
+        ``reuse`` (a site whose kernels may outlive a flashinfer release, :mod:`.reuse`): asked
+        only after a first-stage miss, for the plan of a second-stage lookup: the kernel is
+        traced (when a record of this DSL stack exists) and an entry of another release with the
+        same traced IR is linked under ``key`` and loaded as a hit (outcome ``reused``); the
+        compile otherwise records the digest of what it lowered beside its entry. The hit path
+        never calls it.
+
         ``CUTE_DISKCACHE_ON_MISS=error`` (:attr:`on_miss`): a local miss raises
-        :class:`~.errors.CacheMissError` instead, before any lock, remote fetch or compile.
+        :class:`~.errors.CacheMissError` instead, before any lock, remote fetch or compile
+        (after a second-stage lookup: a kernel another release compiled is served, not refused).
         """
         self._announce()
         if self.attach_line_due:
@@ -181,12 +196,15 @@ class CompileCache:
         if hit is not None:
             return hit
         if self.on_miss == "error":
+            hit = self._try_reuse(key, self._plan(reuse), extra_ok) if reuse is not None else None
+            if hit is not None:
+                return hit
             self._refuse_to_compile(key)
         if not self.single_flight:
             hit = self._try_hit(key, remote=True, extra_ok=extra_ok) if self.remote is not None else None
             if hit is not None:
                 return hit
-            result = self._compile_and_commit(key, compile_fn, extra_fn)
+            result = self._reuse_or_compile(key, compile_fn, extra_fn, extra_ok, reuse)
         else:
             with self.store.single_flight(key, self.lock_timeout) as flight:
                 if flight.outcome in ("waited", "timeout"):
@@ -206,18 +224,21 @@ class CompileCache:
                         hit = self._try_hit(key, remote=True, extra_ok=extra_ok)
                         if hit is not None:
                             return hit
-                        result = self._compile_and_commit(key, compile_fn, extra_fn)
+                        result = self._reuse_or_compile(key, compile_fn, extra_fn, extra_ok, reuse)
                 else:
-                    result = self._compile_and_commit(key, compile_fn, extra_fn)
+                    result = self._reuse_or_compile(key, compile_fn, extra_fn, extra_ok, reuse)
         self.store.maintain()
         return result
 
     def _try_hit(self, key: CacheKey, *, remote: bool = False,
-                 extra_ok: Callable[[dict[str, Any]], bool] | None = None) -> tuple[Any, dict[str, Any]] | None:
+                 extra_ok: Callable[[dict[str, Any]], bool] | None = None,
+                 reused_since: float | None = None) -> tuple[Any, dict[str, Any]] | None:
         """Load ``key``'s verified entry, or None (absent, refused, or the DSL could not load it).
 
         ``remote``: fetch it from the remote tier instead of the store (the fetch verifies and
-        stores it locally, and never raises).
+        stores it locally, and never raises). ``reused_since``: the entry was just linked from
+        another release's (:meth:`_try_reuse`, which began then): the same checks and load,
+        counted as ``reused`` instead of a hit.
         """
         t0 = time.perf_counter()
         try:
@@ -241,6 +262,9 @@ class CompileCache:
                 self._refused[key.digest] = why
                 self.store.note_refusal(self.store.entry_dir(key), why)
             else:
+                if reused_since is not None:
+                    self._count_reuse(key, manifest, time.perf_counter() - reused_since)
+                    return kernel, {**manifest["extra"], HIT_FROM: as_compiled.Payloads(functools.partial(self.store.read_role, key))}
                 dt = time.perf_counter() - t0
                 ns = key.env.namespace
                 with self._lock:
@@ -259,6 +283,102 @@ class CompileCache:
                 log.debug("hit %s %s in %.2f ms", key.site, key.digest[:12], dt * 1e3)
                 return kernel, {**manifest["extra"], HIT_FROM: as_compiled.Payloads(functools.partial(self.store.read_role, key))}
         return None
+
+    @staticmethod
+    def _plan(reuse_fn: Callable[[], reuse.Plan | None] | None) -> reuse.Plan | None:
+        """The site's second-stage plan, or None (no plan, or the site could not make one)."""
+        if reuse_fn is None:
+            return None
+        try:
+            return reuse_fn()
+        except Exception as exc:  # only the second stage lost: the compile goes on
+            log.debug("no second-stage plan: %s: %s", type(exc).__name__, exc)
+            return None
+
+    def _reuse_or_compile(self, key: CacheKey, compile_fn: Callable[[], Any], extra_fn: Callable[[Any], dict[str, Any]] | None,
+                          extra_ok: Callable[[dict[str, Any]], bool] | None,
+                          reuse_fn: Callable[[], reuse.Plan | None] | None) -> tuple[Any, dict[str, Any]]:
+        """A first-stage miss: another release's entry with the same traced IR, else the compile."""
+        plan = self._plan(reuse_fn)
+        if plan is not None:
+            hit = self._try_reuse(key, plan, extra_ok)
+            if hit is not None:
+                return hit
+        return self._compile_and_commit(key, compile_fn, extra_fn, plan)
+
+    def _try_reuse(self, key: CacheKey, plan: reuse.Plan | None,
+                   extra_ok: Callable[[dict[str, Any]], bool] | None) -> tuple[Any, dict[str, Any]] | None:
+        """The second stage (:mod:`.reuse`): trace, look the traced IR up, link the entry found
+        under ``key`` and load it exactly as a hit; None when any step finds nothing.
+
+        Only where a record of this DSL stack exists (else a trace could find nothing) and the
+        root can take the new entry (a read-only root compiles in memory, as for any miss).
+        """
+        if plan is None or not self.store.probe_writable():
+            return None
+        try:
+            if not reuse.possible(self.store, key.env):
+                return None
+        except Exception as exc:
+            log.debug("second-stage lookup skipped: %s: %s", type(exc).__name__, exc)
+            return None
+        t0 = time.perf_counter()
+        try:
+            traced = plan.trace()
+        except Exception as exc:  # a DSL without hooks, or arguments it refuses (the compile says so)
+            log.debug("no trace of %s %s: %s: %s", key.site, key.digest[:12], type(exc).__name__, exc)
+            return None
+        traced_s = time.perf_counter() - t0
+        with self._lock:
+            self.counters.traces += 1
+            self.counters.trace_seconds += traced_s
+        stats.record(key.env.namespace, "traces")
+        stats.record(key.env.namespace, "trace_seconds", traced_s)
+        k2 = reuse.stage_two_key(key, traced, plan.context)
+        try:
+            found = reuse.find(self.store, key.env, k2)
+            if found is None:
+                log.debug("%s %s: no entry of another release has its traced IR (traced in %.2f s)", key.site, key.digest[:12], traced_s)
+                return None
+            manifest = reuse.link(self.store, key, *found)
+        except (reuse.NotReusable, OSError) as exc:
+            log.info("cute-diskcache: not reusing an entry for %s: %s", key.site, exc)
+            return None
+        except Exception as exc:  # a bug of ours must cost a compile, never the caller's kernel
+            log.error("cute-diskcache second-stage lookup failed unexpectedly (%s: %s); compiling", type(exc).__name__, exc)
+            return None
+        try:
+            eviction.note_commit(self.store.root, layout.entry_bytes(self.store.entry_dir(key)), entry_dir=self.store.entry_dir(key),
+                                 shared=self.store.bookkeeping_shared)
+        except OSError as exc:
+            log.debug("size cap not updated for a reused entry: %s", exc)
+        hit = self._try_hit(key, extra_ok=extra_ok, reused_since=t0)
+        if hit is None:  # linked, but not for this process after all (host CPU, side data...): the compile rewrites it
+            return None
+        reuse.write_record(self.store, key, k2)  # the newest entry: an old release's prune leaves it
+        if self.remote is not None:
+            self.remote.publish(key, self.store.entry_dir(key))
+        level = logging.DEBUG if self.counting == "prewarm" else logging.INFO
+        why = (f"from {reuse.reused_from(manifest)}: same traced IR (traced in {traced_s:.2f} s instead of a "
+               f"{float(manifest['compile_seconds']):.1f} s compile)")
+        log.log(level, "reused %s", report.describe_kernel(key, why))
+        return hit
+
+    def _count_reuse(self, key: CacheKey, manifest: dict[str, Any], seconds: float) -> None:
+        ns = key.env.namespace
+        with self._lock:
+            self.counters.reused += 1
+            self.counters.reuse_seconds += seconds
+            self.counters.saved_seconds += float(manifest["compile_seconds"])
+            self.events.append((key.site, key.digest, "reused", seconds, 0.0))
+        if self.counting == "prewarm":
+            stats.record(ns, "prewarm_reused")
+        else:
+            stats.record(ns, "reused")
+            stats.record(ns, "reuse_seconds", seconds)
+            stats.record(ns, "saved_seconds", float(manifest["compile_seconds"]))
+        if self.store.writable:
+            eviction.touch(self.store.entry_dir(key))
 
     def _load(self, key: CacheKey, found: Any) -> Any:
         """The kernel from verified bytes: the shared object when that is what was verified, and
@@ -284,6 +404,7 @@ class CompileCache:
         key: CacheKey,
         compile_fn: Callable[[], Any],
         extra_fn: Callable[[Any], dict[str, Any]] | None,
+        plan: reuse.Plan | None = None,
     ) -> tuple[Any, dict[str, Any]]:
         # Ask the root once, before the compile: a read-only root warns now, and the root is
         # created with a private mode before the statistics write into it.
@@ -293,7 +414,7 @@ class CompileCache:
         t0 = time.perf_counter()
         ns = key.env.namespace
         try:
-            with devicefacts.recording() as device, export.capturing() as objects:
+            with devicefacts.recording() as device, export.capturing() as objects, trace.recording() as lowered:
                 kernel = compile_fn()
         except BaseException:
             # The compile failed, or whatever it goes through refused it (vLLM's JIT monitor in
@@ -336,6 +457,8 @@ class CompileCache:
             if wrote:
                 with self._lock:
                     self.counters.writes += 1
+                if plan is not None and lowered:  # what this compile lowered: the next release's trace finds it
+                    reuse.write_record(self.store, key, reuse.stage_two_key(key, lowered[-1], plan.context))
                 if self.remote is not None:
                     self.remote.publish(key, self.store.entry_dir(key))  # write-behind: returns at once
         with self._lock:

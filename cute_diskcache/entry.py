@@ -126,6 +126,11 @@ def atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def fsync_dir(path: Path) -> None:
+    """Make a directory's new names durable (after the manifest, the commit marker, is in)."""
+    _fsync_dir(path)
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -170,6 +175,20 @@ def _holds(path: Path, size: int, digest: str) -> bool:
         return _sha(_read_regular(path, size)) == digest
     except (OSError, EntryError):
         return False
+
+
+def holds(path: Path, size: int, digest: str) -> bool:
+    """Whether ``path`` is a regular file holding exactly ``size`` bytes of sha256 ``digest``."""
+    return _holds(path, size, digest)
+
+
+def read_bounded(path: Path, limit: int, owner: int | None = None) -> bytes:
+    """A small file of ours (a second-stage record) as a payload is read: regular, never through a
+    link, owned as :func:`_read_regular` requires; at most ``limit`` bytes, else ``EntryError``."""
+    data = _read_regular(path, limit, owner)
+    if len(data) > limit:
+        raise EntryError("manifest", f"{path.name} is larger than {limit} bytes")
+    return data
 
 
 def write(entry_dir: Path, key: CacheKey, art: Artifact, *, hmac_key: bytes | None = None) -> dict[str, Any]:

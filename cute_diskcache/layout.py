@@ -32,7 +32,9 @@ TMP_DIR = "tmp"
 TRASH_DIR = "trash"
 USAGE_FILE = "usage"
 #: Everything ``clear`` removes.
-ROOT_DIRS = (LAYOUT, QUARANTINE_DIR, LOCKS_DIR, STATS_DIR, TRASH_DIR, TMP_DIR)
+#: Second-stage records (:mod:`.reuse`): pointers to entries, by traced IR.
+REUSE_DIR = "reuse"
+ROOT_DIRS = (LAYOUT, QUARANTINE_DIR, LOCKS_DIR, STATS_DIR, TRASH_DIR, TMP_DIR, REUSE_DIR)
 
 NAMESPACE_RE = re.compile(r"[A-Za-z0-9._-]{1,200}")
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")

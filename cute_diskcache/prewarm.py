@@ -336,7 +336,7 @@ def compile_missing(kernels: list[Kernel], shape: Any, args: argparse.Namespace,
             elif not hit:
                 k.status, k.error = "failed", "flashinfer compiled other keys than planned for m=%d" % k.ms[0]
             else:
-                k.status, k.seconds = ("compiled" if hit[0]["outcome"] == "miss" else "cached"), hit[0]["seconds"]
+                k.status, k.seconds = {"miss": "compiled", "reused": "reused"}.get(hit[0]["outcome"], "cached"), hit[0]["seconds"]
                 if k.digest in compiled_here:  # compiled by this run (maybe by another recipe first)
                     k.status, k.seconds = "compiled", compiled_here[k.digest]
                 if k.native:
@@ -387,6 +387,7 @@ def _counts(kernels: list[Kernel]) -> dict[str, Any]:
         "by_kind": kinds,
         "already_cached": len(by("cached")),
         "compiled": len(by("compiled")),
+        "reused": len(by("reused")),  # from another flashinfer release's entry with the same traced IR
         "failed": len(by("failed")),
         "compile_seconds": round(sum(k.seconds for k in by("compiled")), 2),
         "bytes": sum(k.bytes for k in kernels),
@@ -437,10 +438,12 @@ def _print_table(shape: Any, dense: Any, kernels: dict[str, Kernel], summary: di
         g = summary["groups"][group]
         if g["kernels"]:
             print(f"{title + ':':<7}kernels {g['kernels']}  already cached {g['already_cached']}  compiled {g['compiled']}  "
-                  f"failed {g['failed']}  compile {g['compile_seconds']:.1f} s  size {g['bytes'] / 1e6:.1f} MB")
+                  + (f"reused {g['reused']}  " if g["reused"] else "")
+                  + f"failed {g['failed']}  compile {g['compile_seconds']:.1f} s  size {g['bytes'] / 1e6:.1f} MB")
     mb = summary["bytes"] / 1e6
     print(f"\nkernels {summary['kernels']}  already cached {summary['already_cached']}  compiled {summary['compiled']}  "
-          f"failed {summary['failed']}  wall {summary['wall_seconds']:.1f} s  compile {summary['compile_seconds']:.1f} s  "
+          + (f"reused {summary['reused']} (from another flashinfer release: same traced IR)  " if summary["reused"] else "")
+          + f"failed {summary['failed']}  wall {summary['wall_seconds']:.1f} s  compile {summary['compile_seconds']:.1f} s  "
           f"size {mb:.1f} MB")
     for f in summary["failures"]:
         print(f"  FAILED {f['kind']} m={f['m']} {f['digest'][:12]}: {f['error']}")
@@ -451,7 +454,7 @@ def where_written(kernels: dict[str, Kernel]) -> dict[str, Any]:
     bytes (ours), and how many flashinfer keeps in its own cache (``native``)."""
     from .cache import default_cache
 
-    ours = [k for k in kernels.values() if not k.native and k.key is not None and k.status in ("compiled", "cached")]
+    ours = [k for k in kernels.values() if not k.native and k.key is not None and k.status in ("compiled", "cached", "reused")]
     namespaces: dict[str, int] = {}
     for k in ours:
         namespaces[k.key.env.namespace] = namespaces.get(k.key.env.namespace, 0) + 1

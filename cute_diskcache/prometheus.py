@@ -41,6 +41,12 @@ COUNTERS: tuple[tuple[str, str, str], ...] = (
      "Kernels prewarm compiled (not in misses or compiles: those count serving processes only)."),
     ("prewarm_compile_seconds", "cute_diskcache_prewarm_compile_seconds_total", "Seconds prewarm spent compiling."),
     ("prewarm_hits", "cute_diskcache_prewarm_hits_total", "Kernels prewarm found cached (not in hits)."),
+    ("reused", "cute_diskcache_reused_total",
+     "First-stage misses served by another flashinfer release's entry with the same traced IR (not in hits or misses)."),
+    ("reuse_seconds", "cute_diskcache_reuse_seconds_total", "Seconds those reuses took (trace, link, load)."),
+    ("traces", "cute_diskcache_traces_total", "Kernels traced on a miss to look for another release's entry."),
+    ("trace_seconds", "cute_diskcache_trace_seconds_total", "Seconds spent tracing on misses."),
+    ("prewarm_reused", "cute_diskcache_prewarm_reused_total", "Kernels prewarm reused from another release's entry (not in reused)."),
 )
 #: Gauges per namespace: what the root holds now.
 NAMESPACE_GAUGES: tuple[tuple[str, str, str], ...] = (

@@ -74,6 +74,13 @@ FIELDS = (
     "prewarm_compiles",
     "prewarm_compile_seconds",
     "prewarm_hits",
+    # issue 31: first-stage misses served by another release's entry with the same traced IR
+    # (neither hits nor misses), the traces a miss made to look, and prewarm's reuses apart
+    "reused",
+    "reuse_seconds",
+    "traces",
+    "trace_seconds",
+    "prewarm_reused",
 )
 _INDEX = {f: i for i, f in enumerate(FIELDS)}
 _DIR = "stats"

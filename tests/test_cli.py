@@ -390,7 +390,7 @@ def test_evict_to_a_size(root: Path, capsys: pytest.CaptureFixture[str]) -> None
 
 
 def test_clear_removes_entries_quarantine_locks_and_stats(root: Path, three: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    for name in ("quarantine", "locks", "stats", "trash", "tmp"):
+    for name in ("quarantine", "locks", "stats", "trash", "tmp", "reuse"):  # reuse: second-stage records (issue 31)
         (root / name).mkdir()
         (root / name / "f").write_bytes(b"x")
     rc, data = run_json(capsys, "clear")

@@ -113,6 +113,9 @@ class Site:
     site_name: str | None = None  # stored in the manifest; default flashinfer.<module>.<kind>
     #: What flashinfer gets: ``adapt(kernel, extra, call)`` (default: the kernel as the cache gave it).
     adapt: Callable[[Any, dict[str, Any], Call], Any] | None = None
+    #: ``reuse(call)``: the second-stage plan (:class:`~..reuse.Plan`) of a site whose entries may
+    #: serve another release with the same traced IR; asked only on a first-stage miss.
+    reuse: Callable[[Call], Any] | None = None
 
     @property
     def name(self) -> str:
@@ -199,10 +202,10 @@ def through_cache(site: Site, call: Call, compile_fn: Callable[[], Any],
     """
     uncached = uncached or compile_fn
     if not gc.isenabled():
-        return _through_cache(site, call, compile_fn, cache_fn, uncached)
+        return _through_cache(site, call, compile_fn, cache_fn, uncached, False)
     gc.disable()
     try:
-        return _through_cache(site, call, _collecting(compile_fn), cache_fn, _collecting(uncached))
+        return _through_cache(site, call, _collecting(compile_fn), cache_fn, _collecting(uncached), True)
     finally:
         gc.enable()
 
@@ -218,8 +221,16 @@ def _collecting(fn: Callable[[], Any]) -> Callable[[], Any]:
     return run
 
 
+def _plan(site: Site, call: Call, collecting: bool) -> Any:
+    """The site's second-stage plan, its trace run with the collector on like a compile (a trace
+    is the first half of one)."""
+    assert site.reuse is not None
+    plan = site.reuse(call)
+    return dataclasses.replace(plan, trace=_collecting(plan.trace)) if plan is not None and collecting else plan
+
+
 def _through_cache(site: Site, call: Call, compile_fn: Callable[[], Any], cache_fn: Callable[[], CompileCache],
-                   uncached: Callable[[], Any]) -> Any:
+                   uncached: Callable[[], Any], collecting: bool) -> Any:
     try:
         key = _key_of(site, call)
         cache = cache_fn()
@@ -235,7 +246,8 @@ def _through_cache(site: Site, call: Call, compile_fn: Callable[[], Any], cache_
         kernel, extra = PlannedKernel(key.digest), _planned_extra(cache, key)
     else:
         extra_fn = (lambda kernel: site.extra(kernel, call)) if site.extra else None
-        kernel, extra = cache.get_or_compile(key, compile_fn, extra_fn=extra_fn, extra_ok=site.extra_ok)
+        reuse = (lambda: _plan(site, call, collecting)) if site.reuse is not None else None
+        kernel, extra = cache.get_or_compile(key, compile_fn, extra_fn=extra_fn, extra_ok=site.extra_ok, reuse=reuse)
     if site.adapt is not None and not planned(kernel):
         kernel = site.adapt(kernel, extra, call)
     if site.deliver is not None:  # after adapt: side data answers for the object flashinfer gets

@@ -34,12 +34,13 @@ import types
 from pathlib import Path
 from typing import Any
 
-from .. import front
+from .. import front, trace
 from ..convention import as_compiled_hit, packed_ptx, side_data, side_data_ok, with_ptx
 from ..patches import PATCHES
 from ..describe import Describer, evaluated_annotations
 from ..cache import HIT_FROM
 from ..key import Environment, Plain, UnkeyableError, codegen_env, current_arch, env_reads, keyed_env
+from ..reuse import Plan
 from . import _common, block_dim, sites
 from ._common import NOT_CODEGEN_ENV, Call, Site, options_text
 from .sites import Row
@@ -253,11 +254,45 @@ def _adapt(kernel: Any, extra: dict[str, Any], call: Call) -> Any:
     return with_ptx(kernel, extra.get("ptx_z"), call.locals["site"])
 
 
+_PLAIN_DEFAULTS = (type(None), bool, int, float, str)
+
+
+def signature_context(fn: Any) -> str | None:
+    """What the compiled function's Python signature decides that its traced IR does not: the
+    parameters' names, kinds and plain defaults (the calling convention a hit puts back, and the
+    argument names the compile's records hold). None when it cannot be read: no reuse then."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    parts = [(p.name, p.kind.name, repr(p.default) if isinstance(p.default, _PLAIN_DEFAULTS) else type(p.default).__qualname__)
+             for p in params]
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def _plan(call: Call) -> Plan | None:
+    """A second-stage plan (a row with ``reuse``): trace with the DSL's own compile and exactly
+    the compile's arguments (never through a wrapper of it: a JIT monitor would count a compile)."""
+    if trace.unsupported() is not None or not call.args:
+        return None
+    context = signature_context(call.args[0])
+    if context is None:
+        return None
+    return Plan(trace=functools.partial(trace.traced_ir, call.locals["compile"], *call.args, **call.kwargs), context=context)
+
+
+def _compile_recording(real: Any, options: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The compile of a row with ``reuse``: it records the digest of the module it lowers
+    (:func:`..trace.recorder`), so its entry gets a second-stage record at no second trace."""
+    return front.through_wrappers(real, options, args, trace.recorder(kwargs))
+
+
 @functools.lru_cache(maxsize=None)
 def site(row: Row) -> Site:
     """The :class:`~._common.Site` record :func:`~._common.through_cache` takes for a row."""
     return Site(row.file, row.function, row.kind, _key, _environment, options=_options, extra=_extra,
-                extra_ok=functools.partial(_extra_ok, row=row), deliver=_deliver, adapt=_adapt, site_name=row.name)
+                extra_ok=functools.partial(_extra_ok, row=row), deliver=_deliver, adapt=_adapt, site_name=row.name,
+                reuse=_plan if row.reuse else None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -325,12 +360,14 @@ class _Dispatch:
         if front.returning():  # a wrapper assigned after us (vLLM's JIT monitor) hands back a compile we passed it
             return self._real(*args, **kwargs)
         found = _find_site(sys._getframe(1)) if _ENABLED else None
-        compile_fn = functools.partial(front.through_wrappers, self._real, self._dsl_options, args, kwargs)
         if found is None:
-            return compile_fn()
+            return front.through_wrappers(self._real, self._dsl_options, args, kwargs)
         row, modules, compiled_in = found
+        compile_fn = functools.partial(_compile_recording if row.reuse else front.through_wrappers, self._real, self._dsl_options,
+                                       args, kwargs)
         call = Call({"row": row, "site": f"{row.file}:{row.function}", "compiled_in": compiled_in, "modules": modules,
-                     "describer": describer(), "wants_ptx": wants_ptx(self._dsl_options)}, args, kwargs, self._dsl_options)
+                     "describer": describer(), "wants_ptx": wants_ptx(self._dsl_options), "compile": self._real},
+                    args, kwargs, self._dsl_options)
         serving = SERVING_NATIVE.get()
         if serving is not None:
             serving.append(row)

@@ -42,6 +42,12 @@ class Row:
     #: flashinfer builds it through ``build_and_load_cute_dsl_kernel``, which reads flashinfer's own
     #: disk cache before it compiles (0.6.18+): served by :mod:`.native`.
     native: bool = False
+    #: Its entries may serve another flashinfer release whose kernel has the same traced IR
+    #: (:mod:`cute_diskcache.reuse`): on only for sites proven to trace without side effects and
+    #: to lower exactly what they trace, with byte-identical cubins across a release pair
+    #: (bench/upgrade_reuse.py, tests/test_trace.py, tests/test_reuse.py); docs/keys.md lists the
+    #: rows left off and why.
+    reuse: bool = False
 
 
 def _moe(file: str, function: str, kind: str, module: str | None = None, **kw: object) -> Row:
@@ -63,14 +69,15 @@ _W4A16 = "moe_w4a16_compiler"
 ROWS: tuple[Row, ...] = (
     # moe_dispatch's static, micro and dynamic kernels: compiled in memory up to 0.6.17; from 0.6.18
     # through flashinfer's native builder (keyed with torch's build), which :mod:`.native` serves.
-    _moe("moe_dispatch.py", "_get_static_kernel", "static", native=True),
-    _moe("moe_dispatch.py", "_get_micro_kernel", "micro", native=True),
-    _moe("moe_dispatch.py", "_get_dynamic_kernel", "dynamic", native=True),
+    _moe("moe_dispatch.py", "_get_static_kernel", "static", native=True, reuse=True),
+    _moe("moe_dispatch.py", "_get_micro_kernel", "micro", native=True, reuse=True),
+    _moe("moe_dispatch.py", "_get_dynamic_kernel", "dynamic", native=True, reuse=True),
     # 0.6.17+: the direct micro kernel, with moe_dispatch's block-dim probe answer beside it.
     _moe("moe_direct_micro_kernel.py", "compile_direct_micro_kernel", "direct_micro", side="block_dim"),
     # W4A16 MoE: each kernel compiles in place up to 0.6.16, through the memoising wrapper from 0.6.17.
-    *(_moe("moe_w4a16_kernel.py", f"compile_w4a16_{k}", "w4a16", _W4A16) for k in ("gemm", "fused_moe", "activation", "topk_sum")),
-    _moe(f"{_W4A16}.py", "compile", "w4a16"),
+    *(_moe("moe_w4a16_kernel.py", f"compile_w4a16_{k}", "w4a16", _W4A16, reuse=True)
+      for k in ("gemm", "fused_moe", "activation", "topk_sum")),
+    _moe(f"{_W4A16}.py", "compile", "w4a16", reuse=True),
     # 0.7.x: nvfp4 W4A4/W4A16 runners, and the fp8 / mxfp8 x mxfp4 op modules.
     _moe("moe_nvfp4_w4a4.py", "run_moe_w4a4", "w4a4"),
     _moe("moe_nvfp4_w4a16.py", "run_moe_w4a16", "nvfp4_w4a16"),
@@ -79,7 +86,7 @@ ROWS: tuple[Row, ...] = (
     # Dense GEMMs: the b12x FP4 and MXFP8 runners (through flashinfer's shared block-scaled helper,
     # which its SM100 runners also use: only the b12x runners' compiles are sites), the BF16 x FP4
     # GEMM and GEMV getters, 0.6.12/0.6.13's b12x getter, and the SM12x CuTe FP4 runner (native).
-    _family("gemm", "gemm/gemm_base.py", "_b12x_gemm_fp4_runner.B12xFp4GemmRunner.forward", "b12x_fp4"),
+    _family("gemm", "gemm/gemm_base.py", "_b12x_gemm_fp4_runner.B12xFp4GemmRunner.forward", "b12x_fp4", reuse=True),
     _family("gemm", "gemm/gemm_mm_mxfp8_cute_dsl.py", "_b12x_gemm_mxfp8_runner.B12xMxfp8GemmRunner.forward", "b12x_mxfp8"),
     _family("gemm", "gemm/gemm_bf16_fp4_cute_dsl.py", "_get_cute_dsl_bf16_fp4_gemm", "bf16_fp4_gemm"),
     _family("gemm", "gemm/gemm_bf16_fp4_cute_dsl.py", "_get_cute_dsl_bf16_fp4_gemv", "bf16_fp4_gemv"),

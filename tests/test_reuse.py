@@ -1,0 +1,197 @@
+"""Issue 31: entries that survive a flashinfer upgrade (cute_diskcache.reuse).
+
+A cache filled by flashinfer 0.6.15.post1 (this venv) and then used by 0.6.16.post4 (the version
+matrix's cell ``fi0.6.16.post4-dsl4.8.1``, same DSL stack, run with this checkout on its path):
+every kernel whose traced IR did not change is served without a compile, from an entry whose
+payloads are hard links of the old release's, and whose cubins and host object are byte for byte
+what a fresh compile of the new release makes; the next process hits the first stage; the old
+namespace can be pruned under it. Real flashinfer, real DSL, each process fresh.
+
+CI cost: the W4A16 cases compile two small kernels (~5 s a process, 4 processes); the MoE case is
+``slow`` (prewarm of qwen3-30b-a3b's m=1 micro kernel on both releases and a fresh compile: ~40 s).
+The cell's venv is built by ``scripts/compat_matrix.py``'s machinery when missing (the base venv
+with torch 2.13.0 CPU from pip's cache, then flashinfer 0.6.16.post4 and the DSL over it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DRIVER = HERE / "reuse_driver.py"
+NEW_CELL = "fi0.6.16.post4-dsl4.8.1"
+W4A16 = ["w4a16_activation", "w4a16_topk_sum"]
+
+
+@pytest.fixture(scope="module")
+def new_python() -> str:
+    sys.path.insert(0, str(HERE))
+    from _compat import SCRATCH, matrix
+
+    m = matrix()
+    (cell,) = [c for c in m.CELLS if c.name == NEW_CELL]
+    return str(m.cell_venv(cell, SCRATCH))
+
+
+def _env(root: Path, python: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_DISKCACHE_") and k != "CUTE_DSL_ARCH"}
+    env["CUTE_DISKCACHE_DIR"] = str(root)
+    if python != sys.executable:  # a matrix cell's interpreter: this checkout on its path
+        env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+def _run(python: str, root: Path, *args: str) -> tuple[dict[str, Any], str]:
+    proc = subprocess.run([python, *args], env=_env(root, python), cwd=root.parent, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = proc.stdout.strip()
+    return json.loads(out[out.index("{"):] if out.startswith("{") or "\n{" not in out else out[out.rindex("\n{") + 1:]), proc.stderr
+
+
+def _drive(python: str, root: Path) -> tuple[dict[str, Any], str]:
+    return _run(python, root, str(DRIVER), *W4A16)
+
+
+def _entry(root: Path, digest: str) -> Path:
+    (found,) = [p for p in (root / "v1").glob(f"*/{digest[:2]}/{digest}")]
+    return found
+
+
+def _manifest(entry_dir: Path) -> dict[str, Any]:
+    from cute_diskcache import entry
+
+    return entry.read_manifest(entry_dir)
+
+
+def _payload_shas(entry_dir: Path, role: str) -> list[str]:
+    m = _manifest(entry_dir)
+    return [hashlib.sha256((entry_dir / p["file"]).read_bytes()).hexdigest() for p in m["payloads"][role]]
+
+
+@pytest.fixture(scope="module")
+def upgraded(tmp_path_factory: pytest.TempPathFactory, new_python: str) -> dict[str, Any]:
+    base = tmp_path_factory.mktemp("reuse-w4a16")
+    root, fresh = base / "root", base / "fresh"
+    old, _ = _drive(sys.executable, root)
+    import shutil
+
+    shutil.copytree(root, base / "old-only", copy_function=os.link)  # the old release's cache, as it was
+    new, new_log = _drive(new_python, root)
+    again, _ = _drive(new_python, root)
+    alone, _ = _drive(new_python, fresh)  # the new release's own compile, in an empty cache
+    return {"root": root, "fresh": fresh, "old_only": base / "old-only", "old": old, "new": new, "new_log": new_log, "again": again, "alone": alone}
+
+
+def test_upgrade_compiles_nothing_whose_traced_ir_kept(upgraded: dict[str, Any]) -> None:
+    old, new = upgraded["old"], upgraded["new"]
+    assert old["flashinfer"] == "0.6.15.post1" and new["flashinfer"] == "0.6.16.post4"
+    assert old["counters"]["compiles"] == 2
+    assert new["counters"]["compiles"] == 0 and new["counters"]["misses"] == 0
+    assert new["counters"]["reused"] == 2 and new["counters"]["hits"] == 0
+    assert [e["outcome"] for e in new["events"]] == ["reused", "reused"]
+    assert new["counters"]["saved_seconds"] > 0
+    # the engine's log says where each came from
+    assert upgraded["new_log"].count("from flashinfer 0.6.15.post1: same traced IR") == 2
+
+
+def test_reused_entries_equal_a_fresh_compile_byte_for_byte(upgraded: dict[str, Any]) -> None:
+    new, alone = upgraded["new"], upgraded["alone"]
+    assert alone["counters"]["compiles"] == 2 and alone["counters"]["reused"] == 0
+    for reused, fresh in zip(new["events"], alone["events"]):
+        assert reused["digest"] == fresh["digest"]  # the same first-stage key
+        a, b = _entry(upgraded["root"], reused["digest"]), _entry(upgraded["fresh"], fresh["digest"])
+        assert _payload_shas(a, "cubin") and _payload_shas(a, "cubin") == _payload_shas(b, "cubin")
+
+
+def test_a_reused_kernel_is_what_a_compile_hands_flashinfer(upgraded: dict[str, Any]) -> None:
+    """Side data (issue 28's result, the calling convention) on a second-stage hit: the class
+    and public attributes flashinfer gets equal those of the new release's own compile."""
+    new, alone = upgraded["new"]["kernels"], upgraded["alone"]["kernels"]
+    assert sorted(new) == sorted(alone) == sorted(W4A16)
+    for name in W4A16:
+        assert new[name]["classes"][0] == alone[name]["classes"][0], name  # a hit: a subclass named like the compile's class
+        assert set(alone[name]["classes"][:3]) <= set(new[name]["classes"]), name
+        assert new[name]["public"] == alone[name]["public"], name
+
+
+def test_on_miss_error_serves_what_another_release_compiled(upgraded: dict[str, Any], new_python: str, tmp_path: Path) -> None:
+    """CUTE_DISKCACHE_ON_MISS=error refuses to compile, not to reuse: an upgraded engine in that
+    mode serves the kernels whose traced IR kept."""
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(upgraded["old_only"], root, copy_function=os.link)
+    env = {**_env(root, new_python), "CUTE_DISKCACHE_ON_MISS": "error"}
+    proc = subprocess.run([new_python, str(DRIVER), *W4A16], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    counters = json.loads(proc.stdout.strip().splitlines()[-1])["counters"]
+    assert counters["reused"] == 2 and counters["compiles"] == 0 and counters["misses"] == 0
+
+
+def test_reused_entry_is_hard_linked_and_stands_alone(upgraded: dict[str, Any]) -> None:
+    root = upgraded["root"]
+    for old_event, new_event in zip(upgraded["old"]["events"], upgraded["new"]["events"]):
+        a, b = _entry(root, old_event["digest"]), _entry(root, new_event["digest"])
+        assert a.parent.parent.name.startswith("flashinfer-moe-0.6.15.post1-")
+        assert b.parent.parent.name.startswith("flashinfer-moe-0.6.16.post4-")
+        m = _manifest(b)
+        assert m["reused_from"]["digest"] == old_event["digest"]
+        assert m["reused_from"]["package"] == "flashinfer-python==0.6.15.post1"
+        assert m["env"]["package"] == "flashinfer-python==0.6.16.post4" and m["digest"] == new_event["digest"]
+        obj = m["payloads"]["object"][0]["file"]
+        assert os.stat(a / obj).st_ino == os.stat(b / obj).st_ino  # a link, no second copy
+
+
+def test_next_process_hits_the_first_stage(upgraded: dict[str, Any]) -> None:
+    again = upgraded["again"]["counters"]
+    assert again["hits"] == 2 and again["reused"] == 0 and again["compiles"] == 0 and again["traces"] == 0
+
+
+def test_first_fill_never_traces(upgraded: dict[str, Any]) -> None:
+    """A cache no other release filled: a miss compiles without a trace (records of its own
+    release are no reason to look)."""
+    assert upgraded["old"]["counters"]["traces"] == 0
+    assert upgraded["alone"]["counters"]["traces"] == 0
+
+
+def test_prune_of_the_old_release_keeps_the_reused_entries(upgraded: dict[str, Any], new_python: str, tmp_path: Path) -> None:
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(upgraded["root"], root, copy_function=os.link)  # cheap: links again
+    old_ns = _entry(root, upgraded["old"]["events"][0]["digest"]).parent.parent
+    # prune as the upgraded node runs it: the old release's namespace is another flashinfer's
+    proc = subprocess.run([new_python, "-m", "cute_diskcache", "prune", "--root", str(root), "--recent", "0", "--json"],
+                          env=_env(root, new_python), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert not old_ns.exists()
+    after, _ = _drive(new_python, root)
+    assert after["counters"]["hits"] == 2 and after["counters"]["compiles"] == 0
+
+
+@pytest.mark.slow
+def test_prewarm_after_an_upgrade_reuses_the_moe_kernel(tmp_path: Path, new_python: str) -> None:
+    """The done-when path: prewarm on 0.6.15.post1, prewarm again on 0.6.16.post4: it says it
+    reused the kernel (moe_dispatch's micro kernel, m=1) and compiled nothing; the reused entry's
+    cubin is the one a fresh compile of 0.6.16.post4 makes."""
+    args = ["-m", "cute_diskcache.prewarm", "qwen3-30b-a3b", "--m", "1", "--no-dense", "--target", "rtx-pro-6000", "--jobs", "1", "--json"]
+    root, fresh = tmp_path / "root", tmp_path / "fresh"
+    old, _ = _run(sys.executable, root, *args, "--root", str(root))
+    assert old["compiled"] == 1 and old["reused"] == 0
+    new, _ = _run(new_python, root, *args, "--root", str(root))
+    assert new["compiled"] == 0 and new["reused"] == 1 and new["failed"] == 0
+    (kernel,) = new["kernel_list"]
+    assert kernel["kind"] == "micro" and kernel["status"] == "reused"
+    alone, _ = _run(new_python, fresh, *args, "--root", str(fresh))
+    assert alone["compiled"] == 1
+    a, b = _entry(root, kernel["digest"]), _entry(fresh, kernel["digest"])
+    assert _payload_shas(a, "cubin") and _payload_shas(a, "cubin") == _payload_shas(b, "cubin")
