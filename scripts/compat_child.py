@@ -10,7 +10,7 @@ the error, plus the package's counters and an independent count of the DSL's rea
     python scripts/compat_child.py --target rtx-pro-6000 micro static dynamic direct_micro fp8_gemm w4a4
 
 Real compiles are counted at the DSL's ``CompileCallable._compile`` (every ``cute.compile`` goes
-through it), hooked when the DSL is first imported, so "zero compiles" never rests on the
+through it) when it returns (a call that raises, like the second-stage key's trace, lowered nothing), hooked when the DSL is first imported, so "zero compiles" never rests on the
 counters of the code under test. A DSL without that method reports ``real_compiles: null``.
 """
 
@@ -64,11 +64,14 @@ class _CountCompiles(importlib.abc.MetaPathFinder):
             COMPILES["count"] = 0
 
             def _compile(self: Any, *args: Any, **kwargs: Any) -> Any:
+                # Counted when it returns: a call that raises lowered nothing (the second-stage
+                # key's trace enters here and stops by raising once the kernel is traced).
                 COMPILES["depth"] += 1
                 try:
+                    result = real(self, *args, **kwargs)
                     if COMPILES["depth"] == 1:
                         COMPILES["count"] += 1
-                    return real(self, *args, **kwargs)
+                    return result
                 finally:
                     COMPILES["depth"] -= 1
 

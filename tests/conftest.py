@@ -78,11 +78,14 @@ def _instrument(module):
     atexit.register(lambda: sys.stderr.write("cdc-test real compiles: %d\\n" % _state["count"]))
 
     def _compile(self, *args, **kwargs):
+        # Counted when it returns: a call that raises lowered nothing. The second-stage key's
+        # trace (cute_diskcache.trace) enters here too and stops by raising after tracing.
         _state["depth"] += 1
         try:
+            result = real(self, *args, **kwargs)
             if _state["depth"] == 1:
                 _state["count"] += 1
-            return real(self, *args, **kwargs)
+            return result
         finally:
             _state["depth"] -= 1
 
