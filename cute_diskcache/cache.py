@@ -27,6 +27,9 @@ log = logging.getLogger("cute_diskcache")
 #: In the side data a hit returns (a copy, never stored): the entry it came from, read again only
 #: when a caller asks the kernel for what the compile held (:class:`.as_compiled.Payloads`).
 HIT_FROM = "_hit_from"
+#: the counters a served kernel moves: (count, seconds, prewarm's count), in the process and in stats
+_HIT = ("hits", "load_seconds", "prewarm_hits")
+_REUSED = ("reused", "reuse_seconds", "prewarm_reused")
 
 #: CUTE_DISKCACHE_ON_MISS values; the first is the default. ``warn`` is ``compile`` under the name
 #: vLLM's ``--jit-monitor-mode warn`` uses: both compile, with a WARNING saying why it missed.
@@ -263,24 +266,11 @@ class CompileCache:
                 self.store.note_refusal(self.store.entry_dir(key), why)
             else:
                 if reused_since is not None:
-                    self._count_reuse(key, manifest, time.perf_counter() - reused_since)
-                    return kernel, {**manifest["extra"], HIT_FROM: as_compiled.Payloads(functools.partial(self.store.read_role, key))}
-                dt = time.perf_counter() - t0
-                ns = key.env.namespace
-                with self._lock:
-                    self.counters.hits += 1
-                    self.counters.load_seconds += dt
-                    self.counters.saved_seconds += float(manifest["compile_seconds"])
-                    self.events.append((key.site, key.digest, "remote-hit" if remote else "hit", dt, 0.0))
-                if self.counting == "prewarm":
-                    stats.record(ns, "prewarm_hits")
+                    self._count_served(key, manifest, _REUSED, "reused", time.perf_counter() - reused_since)
                 else:
-                    stats.record(ns, "hits")
-                    stats.record(ns, "load_seconds", dt)
-                    stats.record(ns, "saved_seconds", float(manifest["compile_seconds"]))
-                if self.store.writable:
-                    eviction.touch(self.store.entry_dir(key))
-                log.debug("hit %s %s in %.2f ms", key.site, key.digest[:12], dt * 1e3)
+                    dt = time.perf_counter() - t0
+                    self._count_served(key, manifest, _HIT, "remote-hit" if remote else "hit", dt)
+                    log.debug("hit %s %s in %.2f ms", key.site, key.digest[:12], dt * 1e3)
                 return kernel, {**manifest["extra"], HIT_FROM: as_compiled.Payloads(functools.partial(self.store.read_role, key))}
         return None
 
@@ -364,19 +354,24 @@ class CompileCache:
         log.log(level, "reused %s", report.describe_kernel(key, why))
         return hit
 
-    def _count_reuse(self, key: CacheKey, manifest: dict[str, Any], seconds: float) -> None:
+    def _count_served(self, key: CacheKey, manifest: dict[str, Any], names: tuple[str, str, str], event: str,
+                      seconds: float) -> None:
+        """Count a kernel served from an entry (a hit, or a reuse: ``names`` says which counters),
+        in this process and in the statistics file, and mark the entry used for eviction."""
+        count, seconds_name, prewarm_name = names
+        saved = float(manifest["compile_seconds"])
         ns = key.env.namespace
         with self._lock:
-            self.counters.reused += 1
-            self.counters.reuse_seconds += seconds
-            self.counters.saved_seconds += float(manifest["compile_seconds"])
-            self.events.append((key.site, key.digest, "reused", seconds, 0.0))
+            setattr(self.counters, count, getattr(self.counters, count) + 1)
+            setattr(self.counters, seconds_name, getattr(self.counters, seconds_name) + seconds)
+            self.counters.saved_seconds += saved
+            self.events.append((key.site, key.digest, event, seconds, 0.0))
         if self.counting == "prewarm":
-            stats.record(ns, "prewarm_reused")
+            stats.record(ns, prewarm_name)
         else:
-            stats.record(ns, "reused")
-            stats.record(ns, "reuse_seconds", seconds)
-            stats.record(ns, "saved_seconds", float(manifest["compile_seconds"]))
+            stats.record(ns, count)
+            stats.record(ns, seconds_name, seconds)
+            stats.record(ns, "saved_seconds", saved)
         if self.store.writable:
             eviction.touch(self.store.entry_dir(key))
 
