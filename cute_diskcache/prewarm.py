@@ -387,7 +387,7 @@ def _counts(kernels: list[Kernel]) -> dict[str, Any]:
         "by_kind": kinds,
         "already_cached": len(by("cached")),
         "compiled": len(by("compiled")),
-        "reused": len(by("reused")),  # from another flashinfer release's entry with the same traced IR
+        "reused": len(by("reused")),  # from an entry with the same traced IR (another release's, or another key's)
         "failed": len(by("failed")),
         "compile_seconds": round(sum(k.seconds for k in by("compiled")), 2),
         "bytes": sum(k.bytes for k in kernels),
@@ -442,7 +442,7 @@ def _print_table(shape: Any, dense: Any, kernels: dict[str, Kernel], summary: di
                   + f"failed {g['failed']}  compile {g['compile_seconds']:.1f} s  size {g['bytes'] / 1e6:.1f} MB")
     mb = summary["bytes"] / 1e6
     print(f"\nkernels {summary['kernels']}  already cached {summary['already_cached']}  compiled {summary['compiled']}  "
-          + (f"reused {summary['reused']} (from another flashinfer release: same traced IR)  " if summary["reused"] else "")
+          + (f"reused {summary['reused']} (same traced IR as a cached entry)  " if summary["reused"] else "")
           + f"failed {summary['failed']}  wall {summary['wall_seconds']:.1f} s  compile {summary['compile_seconds']:.1f} s  "
           f"size {mb:.1f} MB")
     for f in summary["failures"]:

@@ -200,7 +200,7 @@ def _say_summary(c: dict[str, Any], root: Any, who: str, level: int) -> None:
         parts.append(f"{c['hits']} hit{'s' if c['hits'] != 1 else ''}, {c['saved_seconds']:.1f} s of compiles saved "
                      f"({c['load_seconds'] * 1e3:.0f} ms loading)")
     if c.get("reused"):
-        parts.append(f"{c['reused']} reused from another flashinfer release (same traced IR) in {c['reuse_seconds']:.1f} s")
+        parts.append(f"{c['reused']} reused (an entry with the same traced IR: another release's, or another key's of this one) in {c['reuse_seconds']:.1f} s")
     if c["misses"]:
         compiled = f"{c['compiles']} compiled in {c['compile_seconds']:.1f} s" if c["compiles"] else "none compiled"
         parts.append(f"{c['misses']} miss{'es' if c['misses'] != 1 else ''}, {compiled}")

@@ -86,7 +86,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         ("compiles", f"{t['compiles']:.0f}  ({t['compile_seconds']:.1f} s compiling)"),
         ("prewarm", f"{t.get('prewarm_compiles', 0.0):.0f} compiled ({t.get('prewarm_compile_seconds', 0.0):.1f} s), "
                     f"{t.get('prewarm_hits', 0.0):.0f} found cached  (not in the hits, misses and compiles above: those are serving's)"),
-        ("reused", f"{t.get('reused', 0.0):.0f} from another flashinfer release's entry with the same traced IR "
+        ("reused", f"{t.get('reused', 0.0):.0f} from an entry with the same traced IR (another release's, or another key's) "
                    f"({t.get('reuse_seconds', 0.0):.2f} s; prewarm {t.get('prewarm_reused', 0.0):.0f}); "
                    f"{t.get('traces', 0.0):.0f} misses traced ({t.get('trace_seconds', 0.0):.1f} s)"),
         ("compile time saved", f"{t['saved_seconds']:.1f} s  (loads took {t['load_seconds']:.2f} s)"),
