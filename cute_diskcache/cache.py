@@ -307,7 +307,7 @@ class CompileCache:
         if plan is None or not self.store.probe_writable():
             return None
         try:
-            if not reuse.possible(self.store, key.env):
+            if not reuse.possible(self.store, key.env) and not (self.remote is not None and self.remote.reuse_possible(key.env)):
                 return None
         except Exception as exc:
             log.debug("second-stage lookup skipped: %s: %s", type(exc).__name__, exc)
@@ -327,6 +327,8 @@ class CompileCache:
         k2 = reuse.stage_two_key(key, traced, plan.context)
         try:
             found = reuse.find(self.store, key.env, k2)
+            if found is None and self.remote is not None:  # a fleet's: fetched into this root first
+                found = self.remote.reuse_source(key.env, k2, self.store)
             if found is None:
                 log.debug("%s %s: no entry of another release has its traced IR (traced in %.2f s)", key.site, key.digest[:12], traced_s)
                 return None
@@ -345,9 +347,7 @@ class CompileCache:
         hit = self._try_hit(key, extra_ok=extra_ok, reused_since=t0)
         if hit is None:  # linked, but not for this process after all (host CPU, side data...): the compile rewrites it
             return None
-        reuse.write_record(self.store, key, k2)  # the newest entry: an old release's prune leaves it
-        if self.remote is not None:
-            self.remote.publish(key, self.store.entry_dir(key))
+        self._publish(key, k2)  # the newest entry: an old release's prune leaves it
         level = logging.DEBUG if self.counting == "prewarm" else logging.INFO
         why = (f"from {reuse.reused_from(manifest)}: same traced IR (traced in {traced_s:.2f} s instead of a "
                f"{float(manifest['compile_seconds']):.1f} s compile)")
@@ -452,10 +452,8 @@ class CompileCache:
             if wrote:
                 with self._lock:
                     self.counters.writes += 1
-                if plan is not None and lowered:  # what this compile lowered: the next release's trace finds it
-                    reuse.write_record(self.store, key, reuse.stage_two_key(key, lowered[-1], plan.context))
-                if self.remote is not None:
-                    self.remote.publish(key, self.store.entry_dir(key))  # write-behind: returns at once
+                # what this compile lowered: the next release's trace finds it
+                self._publish(key, reuse.stage_two_key(key, lowered[-1], plan.context) if plan is not None and lowered else None)
         with self._lock:
             self.events.append((key.site, key.digest, "miss", seconds, time.perf_counter() - t_persist))
         log.debug(  # the WARNING before the compile said why; the exit summary adds up the seconds
@@ -466,6 +464,16 @@ class CompileCache:
             "" if wrote else " (not persisted)",
         )
         return kernel, extra
+
+    def _publish(self, key: CacheKey, k2: str | None) -> None:
+        """A committed entry and its second-stage record (``k2``, when there is one) here, then
+        on the remote tier behind it (write-behind: returns at once)."""
+        if k2 is not None:
+            reuse.write_record(self.store, key, k2)
+        if self.remote is not None:
+            self.remote.publish(key, self.store.entry_dir(key))
+            if k2 is not None:
+                self.remote.publish_record(key, k2)
 
     def _why(self, key: CacheKey) -> str:
         return explain.why_missed(self.store, key, refused=self._refused.pop(key.digest, None))

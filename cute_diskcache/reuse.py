@@ -30,12 +30,13 @@ from __future__ import annotations
 import dataclasses
 import errno
 import hashlib
+import hmac
 import logging
 import os
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import msgpack
 
@@ -99,24 +100,37 @@ def _record_path(root: Path, scope_name: str, k2: str) -> Path:
     return Path(os.path.join(root, REUSE_DIR, scope_name, k2[:2], k2))
 
 
-#: ``<scope>/from/<namespace>``: an empty file per namespace whose entries have records in the scope.
+#: ``<scope>/from/<release>``: an empty file per library release whose entries have records in the scope.
 _FROM = "from"
 
 
+def release(env: Environment) -> str:
+    """The marker's name for ``env``'s library release (``flashinfer-python__0.7.4``): not its
+    namespace, which also tells the adapter's kinds of one release apart (a model's MoE and
+    dense GEMM rows): a first prewarm of one release must not trace because its other kind
+    wrote records."""
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in env.package)
+
+
+def releases(root: Path, scope_name: str) -> list[str]:
+    """The releases whose records ``root`` holds in a scope (its markers' names)."""
+    try:
+        return sorted(os.listdir(os.path.join(root, REUSE_DIR, scope_name, _FROM)))
+    except OSError:
+        return []
+
+
 def possible(store: "Store", env: Environment) -> bool:
-    """Whether a second-stage record of another namespace (another flashinfer release) of this
-    environment's scope could exist, here or in a layer: one directory listing per root, on a
-    miss only. Without one a miss does not trace: a cache filled by this release alone (its
-    first prewarm) never pays for a trace."""
-    name = scope(env)
+    """Whether a second-stage record of another release of this environment's scope could
+    exist, here or in a layer: one directory listing per root, on a miss only. Without one a
+    miss does not trace: a cache filled by this release alone (its first prewarm) never pays for
+    a trace."""
+    name, ours = scope(env), release(env)
     for s in (store, *store.layers):
         if not s.trusted:
             continue
-        try:
-            if any(n != env.namespace for n in os.listdir(os.path.join(s.root, REUSE_DIR, name, _FROM))):
-                return True
-        except OSError:
-            continue
+        if any(n != ours for n in releases(s.root, name)):
+            return True
     return False
 
 
@@ -128,17 +142,81 @@ def find(store: "Store", env: Environment, k2: str) -> tuple["Store", Path] | No
             continue
         path = _record_path(s.root, name, k2)
         try:
-            raw = entry.read_bounded(path, _MAX_RECORD_BYTES, s.owner)
-            record = msgpack.unpackb(raw, raw=False)
-            ns, digest = record["namespace"], record["digest"]
+            named = _named(entry.read_bounded(path, _MAX_RECORD_BYTES, s.owner))
         except FileNotFoundError:
             continue
         except Exception as exc:  # a damaged record is a miss; the next commit rewrites it
             log.debug("second-stage record %s unreadable: %s: %s", path, type(exc).__name__, exc)
             continue
-        if isinstance(ns, str) and isinstance(digest, str) and layout.valid_namespace(ns) and layout.DIGEST_RE.fullmatch(digest):
-            return s, layout.entry_dir(s.root, ns, digest)
+        if named is not None:
+            return s, layout.entry_dir(s.root, *named)
     return None
+
+
+def _record_value(key: CacheKey) -> bytes:
+    return msgpack.packb({"namespace": key.env.namespace, "digest": key.digest, "site": key.site, "written": time.time()},
+                         use_bin_type=True)
+
+
+def _named(raw: bytes) -> tuple[str, str] | None:
+    """``(namespace, digest)`` a record names, or None when it names nothing an entry could be."""
+    record = msgpack.unpackb(raw, raw=False)
+    ns, digest = record["namespace"], record["digest"]
+    if isinstance(ns, str) and isinstance(digest, str) and layout.valid_namespace(ns) and layout.DIGEST_RE.fullmatch(digest):
+        return ns, digest
+    return None
+
+
+_SEAL = b"cute-diskcache second-stage record\0"
+
+
+def sealed_record(key: CacheKey, k2: str, hmac_key: bytes | None) -> bytes:
+    """``key``'s record for the remote tier, where no root's ownership vouches for it: bound to
+    ``k2`` and, where the fleet signs its entries, signed with that key. A copied record under
+    another ``k2`` or a forged one would otherwise point a kernel at another verified entry."""
+    return _seal(_record_value(key), k2, hmac_key)
+
+
+def _seal(raw: bytes, k2: str, hmac_key: bytes | None) -> bytes:
+    sig = hmac.new(hmac_key, _SEAL + k2.encode() + b"\0" + raw, hashlib.sha256).hexdigest() if hmac_key else ""
+    return msgpack.packb({"record": raw, "k2": k2, "sig": sig}, use_bin_type=True)
+
+
+def sealed_local_records(root: Path, hmac_key: bytes | None) -> Iterator[tuple[str, str, str, bytes]]:
+    """``(scope, k2, namespace named, sealed value)`` of every readable record under ``root``:
+    what ``export --to-remote`` publishes beside the entries."""
+    base = Path(root) / REUSE_DIR
+    for path in sorted(base.glob("*/??/*")):
+        scope_name, k2 = path.parent.parent.name, path.name
+        if not layout.DIGEST_RE.fullmatch(k2):
+            continue
+        try:
+            raw = entry.read_bounded(path, _MAX_RECORD_BYTES, None)
+            named = _named(raw)
+        except Exception as exc:  # damaged: not published
+            log.debug("second-stage record %s unreadable: %s: %s", path, type(exc).__name__, exc)
+            continue
+        if named is not None:
+            yield scope_name, k2, named[0], _seal(raw, k2, hmac_key)
+
+
+def open_sealed(value: bytes, k2: str, hmac_key: bytes | None) -> tuple[str, str] | None:
+    """``(namespace, digest)`` of a :func:`sealed_record` for ``k2``; None for anything else (a
+    record of another ``k2``, or unsigned or badly signed where this process holds a key). The
+    entry it names is verified as any import before it is linked."""
+    try:
+        sealed = msgpack.unpackb(value, raw=False)
+        raw, bound, sig = sealed["record"], sealed["k2"], sealed["sig"]
+        if bound != k2 or not isinstance(raw, bytes) or len(raw) > _MAX_RECORD_BYTES:
+            return None
+        if hmac_key is not None:
+            want = hmac.new(hmac_key, _SEAL + k2.encode() + b"\0" + raw, hashlib.sha256).hexdigest()
+            if not isinstance(sig, str) or not hmac.compare_digest(sig, want):
+                return None
+        return _named(raw)
+    except Exception as exc:  # a damaged value is a miss
+        log.debug("remote second-stage record unreadable: %s: %s", type(exc).__name__, exc)
+        return None
 
 
 def write_record(store: "Store", key: CacheKey, k2: str) -> bool:
@@ -147,14 +225,13 @@ def write_record(store: "Store", key: CacheKey, k2: str) -> bool:
     if not store.writable:
         return False
     path = _record_path(store.root, scope(key.env), k2)
-    marker = path.parent.parent / _FROM / key.env.namespace
+    marker = path.parent.parent / _FROM / release(key.env)
     try:
         if not marker.exists():
             store.make_dirs(marker.parent)
             entry.atomic_write(marker, b"")
         store.make_dirs(path.parent)
-        entry.atomic_write(path, msgpack.packb({"namespace": key.env.namespace, "digest": key.digest, "site": key.site,
-                                                "written": time.time()}, use_bin_type=True))
+        entry.atomic_write(path, _record_value(key))
     except OSError as exc:
         log.debug("second-stage record for %s not written: %s", key.digest[:12], exc)
         return False
@@ -245,4 +322,5 @@ def reused_from(manifest: dict[str, Any]) -> str:
     return f"{name.removesuffix('-python')} {version}" if version else (source.get("namespace") or "another release")
 
 
-__all__ = ["NotReusable", "Plan", "REUSE_DIR", "find", "link", "possible", "reused_from", "scope", "stage_two_key", "write_record"]
+__all__ = ["NotReusable", "Plan", "REUSE_DIR", "find", "link", "open_sealed", "possible", "release", "releases", "reused_from", "scope", "sealed_local_records",
+           "sealed_record",            "stage_two_key", "write_record"]

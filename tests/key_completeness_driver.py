@@ -186,7 +186,7 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
             served.append({"model": model, "digest": k["digest"], "kind": k["kind"],
                            "events": [{"digest": e[1], "outcome": e[2], "seconds": round(e[3], 3)} for e in cache.events[before:]]})
     return {"served": served, "seconds": time.perf_counter() - t0,
-            "hits": cache.counters.hits, "compiles": cache.counters.compiles, "reused": cache.counters.reused}
+            "hits": cache.counters.hits, "compiles": cache.counters.compiles}
 
 
 def main() -> int:

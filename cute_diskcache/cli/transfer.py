@@ -41,7 +41,8 @@ def _export_to_remote(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report)
         return 0
-    print(f"pushed {report['pushed']} entries ({fmt_size(report['bytes'])}) from {root} to {report['remote']}; {report['present']} were there already")
+    print(f"pushed {report['pushed']} entries ({fmt_size(report['bytes'])}) and {report['records']} second-stage records "
+          f"from {root} to {report['remote']}; {report['present']} entries were there already")
     for s in report["skipped"]:
         print(f"skipped bad entry {s['digest'][:12]} ({s['namespace']}): {s['reason']}")
     return 0

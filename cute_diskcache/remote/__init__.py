@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Protocol
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from ..key import CacheKey
+    from ..key import CacheKey, Environment
     from ..store import Store
     from .client import RemoteCache
 
@@ -174,6 +174,15 @@ class LazyRemote:
 
     def publish(self, key: CacheKey, entry_dir: Path) -> None:
         self.get().publish(key, entry_dir)
+
+    def publish_record(self, key: CacheKey, k2: str) -> None:
+        self.get().publish_record(key, k2)
+
+    def reuse_possible(self, env: Environment) -> bool:
+        return self.get().reuse_possible(env)
+
+    def reuse_source(self, env: Environment, k2: str, store: Store) -> tuple[Store, Path] | None:
+        return self.get().reuse_source(env, k2, store)
 
     @contextlib.contextmanager
     def flight(self, key: CacheKey, store: Store, wait: float) -> Iterator[None]:

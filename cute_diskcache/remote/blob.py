@@ -46,6 +46,17 @@ def hit_object_name(prefix: str, namespace: str, digest: str) -> str:
     return object_name(prefix, namespace, digest) + ".hit"
 
 
+def record_name(prefix: str, scope: str, k2: str) -> str:
+    """A second-stage record (:func:`..reuse.sealed_record`): ``<prefix>/reuse/<scope>/<k2>``."""
+    return f"{prefix.strip('/')}/{layout.REUSE_DIR}/{scope}/{k2}"
+
+
+def record_marker_prefix(prefix: str, scope: str) -> str:
+    """Where an empty object per namespace says that namespace published records in ``scope``
+    (one listing tells a node whether a trace could find anything)."""
+    return f"{prefix.strip('/')}/{layout.REUSE_DIR}/{scope}/from/"
+
+
 def parse_name(prefix: str, name: str) -> tuple[str, str] | None:
     """``(namespace, digest)`` of an object name under ``prefix``, or None for anything else."""
     head = f"{prefix.strip('/')}/{LAYOUT}/"

@@ -45,8 +45,8 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from .. import config, entry, ingest, layout, stats
-from ..key import CacheKey
+from .. import config, entry, ingest, layout, reuse, stats
+from ..key import CacheKey, Environment
 from ..layout import LAYOUT
 from ..store import Store
 from . import Backend, RemoteError, blob, from_url, lease, redact
@@ -127,10 +127,12 @@ class RemoteCache:
         self._held: dict[str, lease.Lease] = {}  # digest -> the lease this process compiles it under
         self._flights: dict[tuple[int, str], float] = {}  # (thread, digest) -> how long fetch() may wait for the fleet
         self._workers = _Workers()
+        self._record_scopes: dict[str, bool] = {}  # second-stage scope -> another namespace published records there
+        self._markers: set[str] = set()  # record markers this process has put
         _INSTANCES.add(self)
         # Whole entries fetched after a hit served from a ``.hit`` value, off the request path.
         self._completer: Publisher[tuple[str, CacheKey, Store]] | None = Publisher(self._complete, maxsize=queue_size)
-        self._publisher: Publisher[tuple[str, str, Path]] | None = (
+        self._publisher: Publisher[tuple[str, str, Path | tuple[bytes, str]]] | None = (
             None if readonly else Publisher(self._send, maxsize=queue_size, on_drop=lambda job: self._count(job[1], "publish_dropped"))
         )
 
@@ -541,8 +543,11 @@ class RemoteCache:
             return
         self._publisher.submit((self.name(key.env.namespace, key.digest), key.env.namespace, entry_dir))
 
-    def _send(self, job: tuple[str, str, Path]) -> None:
+    def _send(self, job: tuple[str, str, Path | tuple[bytes, str]]) -> None:
         name, ns, entry_dir = job
+        if isinstance(entry_dir, tuple):  # a second-stage record and its release (:meth:`publish_record`)
+            self._send_record(name, ns, *entry_dir)
+            return
         try:
             value, part = blob.pack_both(entry_dir, hmac_key=self.hmac_key)
         except entry.EntryError as exc:  # evicted, quarantined or rewritten since the commit
@@ -574,6 +579,120 @@ class RemoteCache:
             self._count(ns, "published")
             self._count(ns, "remote_bytes_out", len(value) + len(part))
             log.debug("published %s (%d bytes)%s", name, len(value), " over a rejected copy" if overwrite else "")
+
+    # -- second-stage records (issue 31, :mod:`..reuse`) ---------------------------------------
+    #
+    # A node of a fleet upgraded to a new flashinfer release finds, after its first-stage miss
+    # (local, then remote), the kernel another release compiled with the same traced IR: the
+    # record ``<prefix>/reuse/<scope>/<k2>`` names that entry, which is fetched, checked as any
+    # import, and linked under the new key by :func:`..reuse.link` as a local one is. One listing
+    # per process tells whether the scope has another namespace's records at all (else no
+    # trace); then one GET per traced miss, and one more for the entry when there is a record.
+
+    def publish_record(self, key: CacheKey, k2: str) -> None:
+        """Queue ``key``'s second-stage record behind its entry (the publishing thread keeps the
+        order: a node that finds the record finds the entry); nothing if the remote is read-only."""
+        if self._publisher is None or self._backend_error is not None:
+            return
+        self._publisher.submit((blob.record_name(self.prefix, reuse.scope(key.env), k2), key.env.namespace,
+                                (reuse.sealed_record(key, k2, self.hmac_key), reuse.release(key.env))))
+
+    def _send_record(self, name: str, ns: str, value: bytes, release: str) -> None:
+        backend = self.backend()
+        if backend is None or not self.breaker.allow():
+            self._count(ns, "publish_dropped")
+            return
+        marker = blob.record_marker_prefix(self.prefix, name.rsplit("/", 2)[-2]) + release
+        try:
+            if marker not in self._markers:  # first: a record that exists is always found by the listing
+                self._bounded(self.timeout * PUT_TIMEOUT_FACTOR, backend.put, marker, b"", only_if_absent=True)
+                self._markers.add(marker)
+            # replaced: the newest entry is the one an old release's deletion leaves (as locally)
+            self._bounded(self.timeout * PUT_TIMEOUT_FACTOR, backend.put, name, value, only_if_absent=False)
+        except RemoteError as exc:
+            self.breaker.failure(str(exc))
+            self._count(ns, "remote_errors")
+            self._warn_once("calls", "cute-diskcache: %s: publish failed (%s)", self.label, exc)
+            return
+        self.breaker.success()
+        self._count(ns, "remote_bytes_out", len(value))
+
+    def reuse_possible(self, env: Environment) -> bool:
+        """Whether another release published records in ``env``'s scope: one listing per process
+        and scope (remembered), bounded by the timeout; False when the remote does not answer."""
+        name = reuse.scope(env)
+        with self._lock:
+            known = self._record_scopes.get(name)
+        if known is not None:
+            return known
+        t0 = time.perf_counter()
+        ready, backend = self._backend_within(SETUP_WAIT_S)
+        if backend is None or not self.breaker.allow():
+            return False
+        prefix = blob.record_marker_prefix(self.prefix, name)
+        try:
+            names = self._bounded(self.timeout, lambda: list(backend.names(prefix)))
+        except RemoteError as exc:
+            self.breaker.failure(str(exc))
+            self._count(env.namespace, "remote_errors")
+            self._warn_once("calls", "cute-diskcache: %s: listing failed (%s)", self.label, exc)
+            return False
+        finally:
+            self._count(env.namespace, "remote_seconds", time.perf_counter() - t0)
+        self.breaker.success()
+        found = any(n.startswith(prefix) and n[len(prefix):] not in ("", reuse.release(env)) for n in names)
+        with self._lock:
+            self._record_scopes[name] = found
+        return found
+
+    def reuse_source(self, env: Environment, k2: str, store: Store) -> tuple[Store, Path] | None:
+        """The entry ``k2``'s remote record names, fetched into ``store`` (checked as any import)
+        and returned as :func:`..reuse.find` returns a local one; None for no record, a record
+        that does not open (another ``k2``, a signature this process refuses), or no usable
+        entry. Never raises: the caller compiles."""
+        ns = env.namespace
+        t0 = time.perf_counter()
+        staged: Path | None = None
+        try:
+            ready, backend = self._backend_within(0)
+            if backend is None or not self.breaker.allow():
+                return None
+            try:
+                value = self._bounded(self.timeout, backend.get, blob.record_name(self.prefix, reuse.scope(env), k2))
+                named = reuse.open_sealed(value, k2, self.hmac_key) if value is not None else None
+                if named is None:
+                    self.breaker.success()
+                    return None
+                src = layout.entry_dir(store.root, *named)
+                if (src / entry.MANIFEST).exists():  # here already (its local record was lost)
+                    self.breaker.success()
+                    return store, src
+                raw = self._bounded(self.timeout, backend.get, self.name(*named))
+            except RemoteError as exc:
+                self.breaker.failure(str(exc))
+                self._count(ns, "remote_errors")
+                self._warn_once("calls", "cute-diskcache: %s: get failed (%s); compiling instead", self.label, exc)
+                return None
+            self.breaker.success()
+            if raw is None:  # the record outlived its entry
+                return None
+            self._count(ns, "remote_bytes_in", len(raw))
+            staged = store.scratch_dir("remote")
+            edir = blob.stage(blob.unpack(raw, *named), staged, *named, durable=False, group=store.trust_group)
+            report = ingest.ImportReport(f"remote:{self.name(*named)}")
+            if not ingest.adopt_staged(store.root, store, edir, report, hmac_key=store.hmac_key):
+                self._count(ns, "remote_errors")
+                log.debug("second-stage entry %s refused: %s", named[1][:12], report.bad[0]["reason"] if report.bad else "not merged")
+                return None
+            return store, src
+        except (entry.EntryError, OSError) as exc:
+            self._count(ns, "remote_errors")
+            log.debug("second-stage entry for %s not fetched: %s", k2[:12], exc)
+            return None
+        finally:
+            if staged is not None:
+                shutil.rmtree(staged, ignore_errors=True)
+            self._count(ns, "remote_seconds", time.perf_counter() - t0)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait for queued publishes and local completions of hits (tests, and short-lived tools that want them done now)."""
@@ -631,7 +750,25 @@ class RemoteCache:
                 stats.record(ns, "remote_bytes_out", len(value))
             else:
                 report["present"] += 1
+        report["records"] = self._push_records(backend, Path(root), namespaces)
         return report
+
+    def _push_records(self, backend: Backend, root: Path, namespaces: Sequence[str] | None) -> int:
+        """The root's second-stage records of the selected namespaces, each with its scope's
+        marker (what :meth:`publish_record` writes behind a compile): an upgraded node finds
+        kernels a seeded remote holds."""
+        pushed = 0
+        for scope_name, k2, ns, value in reuse.sealed_local_records(root, self.hmac_key):
+            if not layout.namespace_matches(ns, namespaces):
+                continue
+            for release in reuse.releases(root, scope_name):  # the scope's markers, once each
+                marker = blob.record_marker_prefix(self.prefix, scope_name) + release
+                if marker not in self._markers:
+                    self._bounded(self._bulk_timeout(), backend.put, marker, b"", only_if_absent=True)
+                    self._markers.add(marker)
+            self._bounded(self._bulk_timeout(), backend.put, blob.record_name(self.prefix, scope_name, k2), value, only_if_absent=True)
+            pushed += 1
+        return pushed
 
     def pull(self, store: Store, namespaces: Sequence[str] | None = None) -> ingest.ImportReport:
         """Fetch every remote entry (of the selected namespaces), verify it and merge it into ``store``'s root.
