@@ -7,8 +7,16 @@ payloads are hard links of the old release's, and whose cubins and host object a
 what a fresh compile of the new release makes; the next process hits the first stage; the old
 namespace can be pruned under it. Real flashinfer, real DSL, each process fresh.
 
+The second generation, 0.7.2.post1 -> 0.7.4 (cells ``fi0.7.2.post1-dsl4.8.1`` and
+``fi0.7.4-dsl4.8.1``), a release that changed some kernels: a root prewarmed by 0.7.2.post1
+(llama-3.1-8b-nvfp4's 8 b12x FP4 GEMMs for m=1, the four W4A16 kernels), then a 0.7.4 engine
+serving both: it compiles only the W4A16 fused-MoE kernel, whose traced IR changed, and reuses
+the other 11, cubins byte-identical to 0.7.4's own compile; the next engine hits. Qwen3's MoE
+kernels are not in it: 0.7.4 changed every one's traced IR (docs/performance.md), so they compile.
+
 CI cost: the W4A16 cases compile two small kernels (~5 s a process, 4 processes); the MoE case is
-``slow`` (prewarm of qwen3-30b-a3b's m=1 micro kernel on both releases and a fresh compile: ~40 s).
+``slow`` (prewarm of qwen3-30b-a3b's m=1 micro kernel on both releases and a fresh compile: ~40 s);
+the 0.7.x cases are ``slow`` (5 processes, 16 kernels compiled: 75-95 s on 2 cores under load).
 The cell's venv is built by ``scripts/compat_matrix.py``'s machinery when missing (the base venv
 with torch 2.13.0 CPU from pip's cache, then flashinfer 0.6.16.post4 and the DSL over it).
 """
@@ -32,14 +40,19 @@ NEW_CELL = "fi0.6.16.post4-dsl4.8.1"
 W4A16 = ["w4a16_activation", "w4a16_topk_sum"]
 
 
-@pytest.fixture(scope="module")
-def new_python() -> str:
+def _cell_python(name: str) -> str:
+    """The interpreter of the version matrix's cell ``name`` (built when missing)."""
     sys.path.insert(0, str(HERE))
     from _compat import SCRATCH, matrix
 
     m = matrix()
-    (cell,) = [c for c in m.CELLS if c.name == NEW_CELL]
+    (cell,) = [c for c in m.CELLS if c.name == name]
     return str(m.cell_venv(cell, SCRATCH))
+
+
+@pytest.fixture(scope="module")
+def new_python() -> str:
+    return _cell_python(NEW_CELL)
 
 
 def _env(root: Path, python: str) -> dict[str, str]:
@@ -195,3 +208,86 @@ def test_prewarm_after_an_upgrade_reuses_the_moe_kernel(tmp_path: Path, new_pyth
     assert alone["compiled"] == 1
     a, b = _entry(root, kernel["digest"]), _entry(fresh, kernel["digest"])
     assert _payload_shas(a, "cubin") and _payload_shas(a, "cubin") == _payload_shas(b, "cubin")
+
+
+# --------------------------------------------------------------------------------------------
+# 0.7.2.post1 -> 0.7.4: a release that changed some kernels (issue 31's second generation)
+# --------------------------------------------------------------------------------------------
+
+OLD_07, NEW_07 = "fi0.7.2.post1-dsl4.8.1", "fi0.7.4-dsl4.8.1"
+W4A16_ALL = ["w4a16_gemm", "w4a16_fused_moe", "w4a16_activation", "w4a16_topk_sum"]
+#: The one of them whose traced IR 0.7.4 changed (docs/performance.md, bench/upgrade_reuse.py).
+W4A16_CHANGED = "w4a16_fused_moe"
+#: The dense model's b12x FP4 GEMMs for m=1 as an autotuning engine with 64 tokens asks for them:
+#: 8 kernels, every one's traced IR kept by 0.7.4. Prewarm and the engine size them alike.
+DENSE_MODEL, DENSE_SIZES = "llama-3.1-8b-nvfp4", ("--m", "1", "--max-num-tokens", "64")
+ENGINE = ("--engine", DENSE_MODEL, "--ms", "1", "--max-num-tokens", "64")
+W4A16_SITE, DENSE_SITE = "flashinfer.moe_w4a16_compiler.w4a16", "flashinfer.gemm.b12x_fp4"
+
+
+def _prewarm_dense(python: str, root: Path) -> dict[str, Any]:
+    return _run(python, root, "-m", "cute_diskcache.prewarm", DENSE_MODEL, *DENSE_SIZES, "--target", "rtx-pro-6000",
+                "--jobs", "1", "--json", "--root", str(root))[0]
+
+
+def _outcomes(report: dict[str, Any], site: str) -> list[str]:
+    return [e["outcome"] for e in report["events"] if e["site"] == site]
+
+
+def _compiled_by(root: Path, digest: str) -> str:
+    """The release whose compile made the entry ``digest``'s payloads: its ``reused_from`` chain
+    followed down (a kernel may be reused from an entry that was itself reused)."""
+    m = _manifest(_entry(root, digest))
+    while "reused_from" in m:
+        m = _manifest(_entry(root, m["reused_from"]["digest"]))
+    return m["env"]["package"]
+
+
+@pytest.fixture(scope="module")
+def upgraded_07(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A root prewarmed by 0.7.2.post1 (the dense model's GEMMs by prewarm, the W4A16 kernels by a
+    process asking flashinfer for them), then served by a 0.7.4 engine (the dense model, then the
+    W4A16 kernels), twice; and the same 0.7.4 engine in an empty root. ~75 s on 2 cores."""
+    old_python, new_python = _cell_python(OLD_07), _cell_python(NEW_07)
+    base = tmp_path_factory.mktemp("reuse-07x")
+    root, fresh = base / "root", base / "fresh"
+    old_prewarm = _prewarm_dense(old_python, root)
+    old_w4a16, _ = _run(old_python, root, str(DRIVER), *W4A16_ALL)
+    new, new_log = _run(new_python, root, str(DRIVER), *W4A16_ALL, *ENGINE)
+    again, _ = _run(new_python, root, str(DRIVER), *W4A16_ALL, *ENGINE)
+    alone, _ = _run(new_python, fresh, str(DRIVER), *W4A16_ALL, *ENGINE)  # nothing to look up: all compiled
+    return {"root": root, "fresh": fresh, "old_prewarm": old_prewarm, "old_w4a16": old_w4a16, "new": new,
+            "new_log": new_log, "again": again, "alone": alone}
+
+
+@pytest.mark.slow
+def test_07x_upgrade_compiles_only_the_kernels_whose_traced_ir_changed(upgraded_07: dict[str, Any]) -> None:
+    old_prewarm, old_w4a16, new = upgraded_07["old_prewarm"], upgraded_07["old_w4a16"], upgraded_07["new"]
+    assert old_w4a16["flashinfer"] == "0.7.2.post1" and new["flashinfer"] == "0.7.4"
+    assert old_prewarm["kernels"] == old_prewarm["compiled"] == 8 and old_w4a16["counters"]["compiles"] == 4
+    # the 8 GEMMs kept their traced IR: none compiled; 3 W4A16 kernels reused, the changed one compiled
+    assert _outcomes(new, DENSE_SITE) == ["reused"] * 8
+    assert _outcomes(new, W4A16_SITE) == ["miss" if name == W4A16_CHANGED else "reused" for name in W4A16_ALL]
+    assert new["counters"]["compiles"] == 1 and new["counters"].get("reused") == 11 and new["counters"]["hits"] == 0
+    dense = [e["digest"] for e in new["events"] if e["site"] == DENSE_SITE]
+    assert {_compiled_by(upgraded_07["root"], d) for d in dense} == {"flashinfer-python==0.7.2.post1"}
+    # the engine's log says where each W4A16 kernel came from
+    lines = [ln for ln in upgraded_07["new_log"].splitlines() if f"reused {W4A16_SITE} kernel" in ln]
+    assert len(lines) == 3 and all("from flashinfer 0.7.2.post1: same traced IR" in ln for ln in lines), lines
+
+
+@pytest.mark.slow
+def test_07x_reused_entries_equal_a_fresh_compile_byte_for_byte(upgraded_07: dict[str, Any]) -> None:
+    new, alone = upgraded_07["new"], upgraded_07["alone"]
+    assert alone["counters"]["compiles"] == 12 and alone["counters"].get("reused", 0) == 0
+    assert [e["digest"] for e in new["events"]] == [e["digest"] for e in alone["events"]]  # the same first-stage keys
+    for event in new["events"]:
+        a, b = _entry(upgraded_07["root"], event["digest"]), _entry(upgraded_07["fresh"], event["digest"])
+        assert _payload_shas(a, "cubin") and _payload_shas(a, "cubin") == _payload_shas(b, "cubin"), event
+
+
+@pytest.mark.slow
+def test_07x_next_engine_hits_the_first_stage(upgraded_07: dict[str, Any]) -> None:
+    again = upgraded_07["again"]
+    assert _outcomes(again, DENSE_SITE) == ["hit"] * 8 and _outcomes(again, W4A16_SITE) == ["hit"] * 4
+    assert again["counters"]["compiles"] == 0 and again["counters"].get("reused", 0) == 0 and again["counters"].get("traces", 0) == 0
