@@ -7,7 +7,7 @@ counters and the cache's events (site, digest, outcome).
 ``--engine MODEL`` (flashinfer >= 0.7.4) first serves MODEL's kernels the way vLLM does, through
 ``tests/fi074_dense_driver.py``'s engine (for ``--ms`` and ``--max-num-tokens``), in this process:
 one engine start asks for both kinds of kernel. The engine goes first so that in an empty root
-its kernels compile without a trace, as prewarm's do (a trace needs another namespace's records).
+its kernels compile without a trace, as prewarm's do (a trace needs another release's records).
 
     python reuse_driver.py w4a16_activation w4a16_topk_sum --engine llama-3.1-8b-nvfp4 --ms 1
 """

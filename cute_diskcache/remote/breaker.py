@@ -36,6 +36,12 @@ class Breaker:
                 return "closed"
             return "open" if self._clock() < self._open_until or self._probing else "half-open"
 
+    def healthy(self) -> bool:
+        """No failure since the last success: what optional calls (the second-stage listing and
+        record lookup) ask first, so a hung or dead remote costs a miss one timeout, not two."""
+        with self._lock:
+            return self._failures == 0 and self._open_until is None
+
     def allow(self) -> bool:
         """Whether a call may be made now. A True must be followed by :meth:`success` or :meth:`failure`."""
         with self._lock:

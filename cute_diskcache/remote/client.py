@@ -627,7 +627,7 @@ class RemoteCache:
             return known
         t0 = time.perf_counter()
         ready, backend = self._backend_within(SETUP_WAIT_S)
-        if backend is None or not self.breaker.allow():
+        if backend is None or not self.breaker.healthy() or not self.breaker.allow():
             return False
         prefix = blob.record_marker_prefix(self.prefix, name)
         try:
@@ -655,7 +655,7 @@ class RemoteCache:
         staged: Path | None = None
         try:
             ready, backend = self._backend_within(0)
-            if backend is None or not self.breaker.allow():
+            if backend is None or not self.breaker.healthy() or not self.breaker.allow():
                 return None
             try:
                 value = self._bounded(self.timeout, backend.get, blob.record_name(self.prefix, reuse.scope(env), k2))
