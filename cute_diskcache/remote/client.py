@@ -568,9 +568,7 @@ class RemoteCache:
                           only_if_absent=not overwrite)
             written = self._bounded(self.timeout * PUT_TIMEOUT_FACTOR, backend.put, name, value, only_if_absent=not overwrite)
         except RemoteError as exc:
-            self.breaker.failure(str(exc))
-            self._count(ns, "remote_errors")
-            self._warn_once("calls", "cute-diskcache: %s: publish failed (%s)", self.label, exc)
+            self._publish_failed(ns, exc)
             return
         self.breaker.success()
         if written:
@@ -588,6 +586,11 @@ class RemoteCache:
     # import, and linked under the new key by :func:`..reuse.link` as a local one is. One listing
     # per process tells whether the scope has another namespace's records at all (else no
     # trace); then one GET per traced miss, and one more for the entry when there is a record.
+
+    def _publish_failed(self, ns: str, exc: RemoteError) -> None:
+        self.breaker.failure(str(exc))
+        self._count(ns, "remote_errors")
+        self._warn_once("calls", "cute-diskcache: %s: publish failed (%s)", self.label, exc)
 
     def publish_record(self, key: CacheKey, k2: str) -> None:
         """Queue ``key``'s second-stage record behind its entry (the publishing thread keeps the
@@ -610,9 +613,7 @@ class RemoteCache:
             # replaced: the newest entry is the one an old release's deletion leaves (as locally)
             self._bounded(self.timeout * PUT_TIMEOUT_FACTOR, backend.put, name, value, only_if_absent=False)
         except RemoteError as exc:
-            self.breaker.failure(str(exc))
-            self._count(ns, "remote_errors")
-            self._warn_once("calls", "cute-diskcache: %s: publish failed (%s)", self.label, exc)
+            self._publish_failed(ns, exc)
             return
         self.breaker.success()
         self._count(ns, "remote_bytes_out", len(value))
