@@ -50,7 +50,7 @@ def child(args: argparse.Namespace) -> int:
     from flashinfer.cute_dsl.utils import convert_sf_to_mma_layout
     from flashinfer.fused_moe.cute_dsl.b12x_moe import B12xMoEWrapper
 
-    from cute_diskcache import models
+    from cute_diskcache.prewarm import models
 
     shape = models.moe_shape(args.model, tp=args.tp)
     E, k, n, top_k, m = shape.num_experts, shape.hidden_size, shape.intermediate_size, shape.top_k, args.m

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _helpers import make_artifact, make_key  # noqa: E402
 
-from cute_diskcache import eviction, housekeeping  # noqa: E402
-from cute_diskcache.store import Store  # noqa: E402
+from cute_diskcache.storage import eviction, housekeeping  # noqa: E402
+from cute_diskcache.storage.store import Store  # noqa: E402
 
 
 def _fill(root: Path, n: int) -> Store:

@@ -2,7 +2,7 @@
 """Device facts on a live GPU (issue 7): an offline-built entry is checked against the real card.
 
 Why: an entry built offline through a target profile records the device facts its compile
-read (``cute_diskcache.devicefacts``); on the GPU box, with no profile, the same facts are read
+read (``cute_diskcache.keys.devicefacts``); on the GPU box, with no profile, the same facts are read
 from the driver and compared. This script shows both outcomes on the lent H200 with a kernel
 that makes the DSL read a driver attribute while compiling (``min_blocks_per_mp=2`` ->
 ``MAX_SHARED_MEMORY_PER_MULTIPROCESSOR``, baked into the IR):
@@ -49,12 +49,12 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="LOG %(levelname)s %(message)s")
     os.environ["CUTE_DISKCACHE_DIR"] = args.cache
-    from cute_diskcache import targets
+    from cute_diskcache.keys import targets
 
     if args.profile != "none":
         changes = tuple((k, int(v)) for k, v in (s.split("=", 1) for s in args.set))
         targets.apply(dataclasses.replace(targets.get(args.profile), attributes=changes))
-        from cute_diskcache import devicefacts
+        from cute_diskcache.keys import devicefacts
 
         devicefacts.install_hook()  # the DSL's driver attribute queries answered from the profile
 
@@ -78,7 +78,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     kernel = cute_diskcache.cached_compile(scale_add, make_fake_compact_tensor(cutlass.Float32, (N,)), key=("scale_add", N, THREADS, 2))
     out: dict[str, Any] = {"first_call_s": round(time.perf_counter() - t0, 4), "counters": cute_diskcache.counters()}
-    from cute_diskcache import entry
+    from cute_diskcache.storage import entry
 
     manifests = [entry.read_manifest(p.parent) for p in Path(args.cache, "v1").glob("*/*/*/manifest.msgpack")]
     out["entries"] = [
@@ -129,7 +129,7 @@ def live_profile_comparison() -> list[dict[str, Any]]:
     """Every driver attribute the h200 profile carries, against the driver's answer."""
     import cutlass.base_dsl.runtime.cuda as dsl_cuda
 
-    from cute_diskcache import targets
+    from cute_diskcache.keys import targets
 
     dsl_cuda.checkCudaErrors(dsl_cuda.cuda.cuInit(0))
     rows = []

@@ -60,7 +60,7 @@ NODE = textwrap.dedent(
     """
     import json, sys, time
     from pathlib import Path
-    from cute_diskcache import targets
+    from cute_diskcache.keys import targets
     targets.apply("rtx-pro-6000")
     import cute_diskcache, cutlass
     from cutlass.cute.runtime import make_fake_compact_tensor
@@ -107,13 +107,13 @@ HITS = textwrap.dedent(
     """
     import json, statistics, sys, time
     from pathlib import Path
-    from cute_diskcache import targets
+    from cute_diskcache.keys import targets
     targets.apply("rtx-pro-6000")
     import cute_diskcache, cutlass
     from cutlass.cute.runtime import make_fake_compact_tensor
-    from cute_diskcache.cache import CompileCache, default_cache
+    from cute_diskcache.core.cache import CompileCache, default_cache
     from cute_diskcache.remote import blob
-    from cute_diskcache.store import Store
+    from cute_diskcache.storage.store import Store
     sys.path.insert(0, sys.argv[1])
     import cdc_fleet_kernel as kern
     url, work, runs = sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])

@@ -75,14 +75,15 @@ NODE = textwrap.dedent(
     import json, logging, os, sys, time
     from pathlib import Path
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    from cute_diskcache import targets
+    from cute_diskcache.keys import targets
     targets.apply("rtx-pro-6000")
     import cute_diskcache, cutlass, cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor
-    from cute_diskcache import cache as cache_mod, config
-    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.core import cache as cache_mod
+    from cute_diskcache import config
+    from cute_diskcache.core.cache import CompileCache
     from cute_diskcache.remote.client import RemoteCache
-    from cute_diskcache.store import Store
+    from cute_diskcache.storage.store import Store
     sys.path.insert(0, sys.argv[1])
     import cdc_fleet_kernel as kern
     import redis, s3fs
@@ -218,7 +219,7 @@ def _first_compiler(marks: Path, procs: dict[str, subprocess.Popen[str]], timeou
 def _entry_check(root: Path, fleet_key: str) -> tuple[bool, str | None]:
     """Whether ``root`` holds exactly one entry that passes the import checks under the fleet's
     key, and the sha256 of its object (None when there is none)."""
-    from cute_diskcache import entry, ingest, layout
+    from cute_diskcache.storage import entry, ingest, layout
 
     dirs = list(layout.entry_dirs(root))
     if len(dirs) != 1:

@@ -43,7 +43,7 @@ def emit_with_cache(res: dict[str, Any], dsl_compiles: int) -> None:
     """:func:`emit` a child's result with what the cache did: the DSL's compile count, our counters
     and each event (site, outcome, seconds)."""
     import cute_diskcache
-    from cute_diskcache.cache import default_cache
+    from cute_diskcache.core.cache import default_cache
 
     res["dsl_compiles"] = dsl_compiles
     res["counters"] = cute_diskcache.counters()
@@ -83,8 +83,8 @@ def import_file_as(name: str, path: Path) -> Any:
 def record_cache_outcome(res: dict[str, Any]) -> None:
     """This process's cache counters and events into ``res``, and what the last event cost."""
     import cute_diskcache
-    from cute_diskcache import key as keymod
-    from cute_diskcache.cache import default_cache
+    from cute_diskcache.keys import key as keymod
+    from cute_diskcache.core.cache import default_cache
 
     res["counters"] = cute_diskcache.counters()
     ev = default_cache().events
@@ -155,7 +155,7 @@ def versions() -> dict[str, Any]:
     import torch
 
     from cute_diskcache import __version__
-    from cute_diskcache import key as keymod
+    from cute_diskcache.keys import key as keymod
 
     out: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
                            "cute_diskcache": __version__, "dsl_stack": keymod.dsl_stack_string()}
@@ -222,14 +222,14 @@ def live_device_facts() -> dict[str, Any]:
 
 
 def entry_dirs(root: Path) -> list[Path]:
-    from cute_diskcache import layout
+    from cute_diskcache.storage import layout
 
     return sorted(layout.entry_dirs(root))
 
 
 def elf_sections(buf: bytes) -> list[tuple[str, int, int]]:
     """(name, file offset, bytes in the file) of each section of an ELF image; [] if unparsable."""
-    from cute_diskcache import elf
+    from cute_diskcache.storage import elf
 
     try:
         return [(s.name, s.offset, s.size) for s in elf.sections(buf)]
@@ -239,7 +239,7 @@ def elf_sections(buf: bytes) -> list[tuple[str, int, int]]:
 
 def _symbols(buf: bytes, rename: tuple[str, str] | None = None) -> list[tuple[Any, ...]] | None:
     """Sorted ``.symtab`` entries, names renamed; None if unparsable."""
-    from cute_diskcache import elf
+    from cute_diskcache.storage import elf
 
     try:
         syms = elf.symbols(buf)
@@ -291,7 +291,7 @@ def diff_summary(a: bytes, b: bytes) -> dict[str, Any]:
 
 def read_entry(edir: Path) -> dict[str, Any]:
     """A verified entry's manifest, object, cubins and MLIR text."""
-    from cute_diskcache import entry
+    from cute_diskcache.storage import entry
 
     manifest = entry.read_manifest(edir)
     obj = entry.verify(edir, manifest, None)
@@ -305,7 +305,7 @@ def read_entry(edir: Path) -> dict[str, Any]:
 
 def compare_entries(dev: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
     """Byte-level comparison of an offline-built entry with the device-built one."""
-    from cute_diskcache import elf
+    from cute_diskcache.storage import elf
 
     md, mo = dev["manifest"], off["manifest"]
     env_diff = {k: {"device": md["env"].get(k), "offline": mo["env"].get(k)} for k in sorted(set(md["env"]) | set(mo["env"]))

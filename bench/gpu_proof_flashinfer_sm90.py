@@ -206,7 +206,7 @@ class DeviceSpy:
         import torch
 
         try:  # the product's attribute hook goes in first; the spy wraps it (and keeps it)
-            from cute_diskcache import devicefacts
+            from cute_diskcache.keys import devicefacts
 
             devicefacts.install_hook()
         except ImportError:
@@ -349,8 +349,9 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     import cute_diskcache  # noqa: F401
-    from cute_diskcache import entry, hostcpu, loader
-    from cute_diskcache.cache import default_cache  # noqa: F401  (import cost kept out of the measured call)
+    from cute_diskcache.keys import hostcpu
+    from cute_diskcache.storage import entry, loader
+    from cute_diskcache.core.cache import default_cache  # noqa: F401  (import cost kept out of the measured call)
 
     res: dict[str, Any] = {"phase": args.phase, "cache": args.cache}
     problem = Problem("cuda")  # CUDA context first: compile/load times exclude its creation
@@ -400,7 +401,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     res.update(time_calls(lambda: problem.call(mod)))
     if args.phase == "cold":
         facts = g.live_device_facts()
-        prof = __import__("cute_diskcache.targets", fromlist=["get"]).get(PROFILE).facts()
+        prof = __import__("cute_diskcache.keys.targets", fromlist=["get"]).get(PROFILE).facts()
         res["h200_profile_vs_live"] = {k: {"profile": prof.get(k), "live": facts.get(k), "equal": prof.get(k) == facts.get(k)} for k in ("device_name", "capability", "sm_count", "max_shared_memory_per_multiprocessor", "max_shared_memory_per_block_optin", "total_memory", "max_active_clusters_1")}
         res["host_isa"] = list(hostcpu.isa_extensions())
     res["process_s"] = round(time.perf_counter() - t_start, 3)
@@ -450,7 +451,7 @@ def run_all(args: argparse.Namespace) -> int:
             "call_ms_cold_warm": [cold.get("call_ms"), warm.get("call_ms")],
         }
 
-    from cute_diskcache import entry  # noqa: F401  (the comparison reads entries through it)
+    from cute_diskcache.storage import entry  # noqa: F401  (the comparison reads entries through it)
 
     device_caches = {"tvm": dev_cache}
     result["device_compiles"] = {}
@@ -511,16 +512,16 @@ def run_all(args: argparse.Namespace) -> int:
 
 def run_offline_build(args: argparse.Namespace) -> dict[str, Any]:
     os.environ["CUTE_DISKCACHE_DIR"] = args.cache
-    from cute_diskcache import targets
+    from cute_diskcache.keys import targets
 
     profile = targets.apply(PROFILE)  # before flashinfer's module: CUTE_DSL_ARCH and torch's device queries
     import cute_diskcache
-    from cute_diskcache import hostcpu
-    from cute_diskcache import key as keymod
-    from cute_diskcache.cache import default_cache
+    from cute_diskcache.keys import hostcpu
+    from cute_diskcache.keys import key as keymod
+    from cute_diskcache.core.cache import default_cache
 
     mod = load_kernel_module()
-    from cute_diskcache import devicefacts
+    from cute_diskcache.keys import devicefacts
     from cute_diskcache.flashinfer_sites.offline import cuda_presenting
 
     devicefacts.install_hook()  # the DSL's driver attribute queries answered from the profile

@@ -314,8 +314,8 @@ def repeat_hits(variant: str, n: int) -> dict[str, Any]:
     """``n`` more disk hits in this process (the in-process memo cleared each time), plus the
     split between reading+verifying the entry and loading its object."""
     import cute_diskcache
-    from cute_diskcache import entry, loader
-    from cute_diskcache.cache import default_cache
+    from cute_diskcache.storage import entry, loader
+    from cute_diskcache.core.cache import default_cache
 
     calls: list[float] = []
     loads: list[float] = []
@@ -363,7 +363,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     import cute_diskcache  # noqa: F401
-    from cute_diskcache.cache import default_cache  # noqa: F401  (import cost kept out of the measured call)
+    from cute_diskcache.core.cache import default_cache  # noqa: F401  (import cost kept out of the measured call)
 
     res: dict[str, Any] = {"phase": args.phase, "variant": args.variant, "cache": args.cache}
     problem = Problem()  # CUDA context first: load times below exclude its creation
@@ -373,7 +373,7 @@ def run_child(args: argparse.Namespace) -> dict[str, Any]:
     res["startup_s"] = round(time.perf_counter() - t_start, 3)
     # What install() does when it attaches: dlopen the DSL runtime once per process. Timed on
     # its own so the first hit below measures the cache, not a one-time library load.
-    from cute_diskcache import loader
+    from cute_diskcache.storage import loader
 
     res["runtime_preload_ms"] = round(loader.preload() * 1e3, 3)
     with DeviceQuerySpy() as spy:
@@ -428,9 +428,9 @@ def run_first_call_probe(args: argparse.Namespace) -> dict[str, Any]:
     mod = load_example()
     import cutlass  # noqa: F401
 
-    from cute_diskcache import loader
-    from cute_diskcache import key as keymod
-    from cute_diskcache.cache import default_cache
+    from cute_diskcache.storage import loader
+    from cute_diskcache.keys import key as keymod
+    from cute_diskcache.core.cache import default_cache
 
     res: dict[str, Any] = {"variant": args.variant, "sys_path_entries": len(sys.path)}
     res["runtime_preload_ms"] = round(loader.preload() * 1e3, 3)
@@ -473,7 +473,7 @@ def spawn_child(phase: str, variant: str, cache: Path, *, save: Path | None = No
 def run_offline_build(args: argparse.Namespace) -> dict[str, Any]:
     """Compile both variants for the h200 profile into ``--cache`` on a machine with no GPU."""
     os.environ["CUTE_DISKCACHE_DIR"] = args.cache
-    from cute_diskcache import targets
+    from cute_diskcache.keys import targets
 
     profile = targets.get("h200")
     res: dict[str, Any] = {"profile": profile.facts(), "python": platform.python_version(), "host_cpu": host_cpu(), "host_target": os.environ.get(HOST_TARGET_ENV), "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
@@ -486,8 +486,8 @@ def run_offline_build(args: argparse.Namespace) -> dict[str, Any]:
         os.environ["CUTE_DSL_ARCH"] = profile.arch
         res["profile_applied"] = f"CUTE_DSL_ARCH={profile.arch} only ({exc})"
     import cute_diskcache
-    from cute_diskcache import key as keymod
-    from cute_diskcache.cache import default_cache
+    from cute_diskcache.keys import key as keymod
+    from cute_diskcache.core.cache import default_cache
 
     res["dsl_stack"] = keymod.dsl_stack_string()
     res["arch"] = keymod.current_arch()
@@ -505,7 +505,7 @@ def run_offline_check(args: argparse.Namespace) -> dict[str, Any]:
     """Compare each offline root's entries with the device-built ones and run the offline objects."""
     import torch
 
-    from cute_diskcache import loader
+    from cute_diskcache.storage import loader
 
     res: dict[str, Any] = {"live_device_facts": {}, "builds": {}}
     problem = Problem()  # also makes the CUDA context current, which HardwareInfo needs
@@ -513,7 +513,7 @@ def run_offline_check(args: argparse.Namespace) -> dict[str, Any]:
         res["live_device_facts"] = live_device_facts()
     except Exception as exc:
         res["live_device_facts"] = {"error": f"{type(exc).__name__}: {exc}"}
-    from cute_diskcache import targets
+    from cute_diskcache.keys import targets
 
     prof = targets.get("h200").facts()
     live = res["live_device_facts"]

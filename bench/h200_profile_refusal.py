@@ -22,7 +22,7 @@ import sys
 
 CHECKS = {
     "apply": (
-        "import torch; from cute_diskcache import targets\n"
+        "import torch; from cute_diskcache.keys import targets\n"
         "real = torch.cuda.current_stream\n"
         "try:\n    targets.apply('rtx-pro-6000'); out = 'applied'\n"
         "except targets.ProfileRefused as exc:\n    out = 'refused: ' + str(exc)[:120]\n"
@@ -36,7 +36,7 @@ CHECKS = {
         "print(type(s).__module__ + '.' + type(s).__name__, s.device, torch.cuda.get_device_name(), torch.cuda.get_device_capability())\n"
     ),
     "forced": (
-        "from cute_diskcache import targets\n"
+        "from cute_diskcache.keys import targets\n"
         "print(targets.apply('rtx-pro-6000').name, targets.cuda_device_visible())\n"
     ),
 }

@@ -85,7 +85,7 @@ def child(args: argparse.Namespace) -> int:
 
     current_cuda_stream()  # flashinfer's one-off torch._dynamo import, outside the timings
     from cute_diskcache import flashinfer_sites
-    from cute_diskcache.cache import default_cache
+    from cute_diskcache.core.cache import default_cache
 
     E, topk, k, n = (int(v) for v in args.shape.split(","))
     d = flashinfer_sites.Dispatcher(E, topk, k, n, max_num_tokens=4096)

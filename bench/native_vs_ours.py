@@ -51,9 +51,9 @@ def child(args: argparse.Namespace) -> int:
 
     current_cuda_stream()  # flashinfer's one-off torch._dynamo import, outside the timings
     from cute_diskcache import flashinfer_sites
-    from cute_diskcache.cache import default_cache
+    from cute_diskcache.core.cache import default_cache
     from cute_diskcache.flashinfer_sites import _common, native
-    from cute_diskcache.patches import PATCHES
+    from cute_diskcache.core.patches import PATCHES
 
     calls: list[dict[str, Any]] = []
     now = {"m": 0}

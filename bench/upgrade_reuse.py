@@ -7,11 +7,11 @@ own venv (built by ``scripts/compat_matrix.py``'s machinery under ``--scratch``,
 config (llama-3.1-8b-nvfp4), plus the four W4A16 MoE kernels (``scripts/compat_child.py``'s
 driver, Qwen3-30B-A3B's layer at m=4), on the ``rtx-pro-6000`` profile:
 
-* **every** kernel of the plan is traced (:func:`cute_diskcache.trace.traced_ir`: the DSL's own
+* **every** kernel of the plan is traced (:func:`cute_diskcache.keys.trace.traced_ir`: the DSL's own
   tracing, stopped before lowering), giving its traced-IR digest (locations stripped) and the
   DSL's own module hash (locations kept);
 * a **sample** (``--sample``; default: every micro/static kernel at m <= 3 or m % 10 == 0, every
-  dynamic, dense and W4A16 kernel) is also compiled (:func:`cute_diskcache.trace.compile_traced`:
+  dynamic, dense and W4A16 kernel) is also compiled (:func:`cute_diskcache.keys.trace.compile_traced`:
   the digest of what the compile itself lowered), and its cubins and host object hashed as an
   entry would store them (``export.export``, fixed symbol).
 
@@ -108,7 +108,8 @@ def _on_request(site: Any, call: Any, compile_fn: Any) -> None:
     built, as a second stage would be (tracing stores traced values on flashinfer's kernel objects)."""
     from cutlass.base_dsl.compiler import CompileCallable
 
-    from cute_diskcache import devicefacts, export, trace
+    from cute_diskcache.core import export
+    from cute_diskcache.keys import devicefacts, trace
     from cute_diskcache.flashinfer_sites import _common
 
     plan = _common.PLAN
@@ -222,7 +223,8 @@ def child(args: argparse.Namespace) -> int:
     t_import = time.perf_counter()
     import flashinfer  # noqa: F401
 
-    from cute_diskcache import prewarm, trace
+    from cute_diskcache import prewarm
+    from cute_diskcache.keys import trace
     from cute_diskcache.flashinfer_sites import flashinfer_version
 
     import_s = time.perf_counter() - t_import

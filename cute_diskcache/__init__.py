@@ -47,13 +47,13 @@ def cached_compile(fn: Callable[..., Any], *args: Any, key: Any, options: Any = 
     reloaded (``importlib.reload``, a notebook's autoreload) gets its new kernel, never the one
     compiled from its old body. Code that has no file or loader source to read (a function
     defined in a notebook cell, ``__main__`` of ``python -c``) raises
-    :class:`~cute_diskcache.key.UnkeyableError`: a key never rests on nothing.
+    :class:`~cute_diskcache.keys.key.UnkeyableError`: a key never rests on nothing.
 
     Returns the loaded kernel on a hit and the freshly compiled one on a miss; both are called
     the same way. Repeated calls with the same key and code return the same object.
     """
-    from . import key as keymod
-    from .cache import default_cache
+    from .keys import key as keymod
+    from .core.cache import default_cache
 
     import cutlass.cute as cute
 
@@ -84,7 +84,7 @@ _ENVS: dict[str, tuple[tuple[Any, ...], int, Any]] = {}
 
 def _generic_env(owner: str, package: str, module: Any) -> Any:
     """The Environment of a ``cached_compile`` kernel defined in ``owner``, for its code as it is now."""
-    from . import key as keymod
+    from .keys import key as keymod
 
     cached = _ENVS.get(owner)
     if cached is not None and cached[1] == id(module.__dict__) and keymod.code_stamp(cached[0]):
@@ -109,7 +109,7 @@ def _generic_env(owner: str, package: str, module: Any) -> Any:
 
 def counters() -> dict[str, Any]:
     """This process's cache activity (hits, misses, compiles, seconds, rejected entries)."""
-    from .cache import default_cache
+    from .core.cache import default_cache
 
     cache = default_cache()
     out = cache.counters.as_dict()

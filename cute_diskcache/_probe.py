@@ -59,14 +59,15 @@ def main(argv: list[str] | None = None) -> int:
 
     t_start = time.perf_counter()
     import cute_diskcache
-    from cute_diskcache import activation, targets
+    from cute_diskcache import activation
+    from cute_diskcache.keys import targets
 
     if args.no_cache:
         activation.set_target(args.target)
     else:
         cute_diskcache.install(target=args.target)
     from cute_diskcache import flashinfer_sites
-    from cute_diskcache.cache import default_cache
+    from cute_diskcache.core.cache import default_cache
 
     import_s, warmup_s = flashinfer_sites.import_dispatch()
     E, topk, k, n = (int(v) for v in args.shape.split(","))

@@ -20,13 +20,21 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any, Sequence
 
-from .flashinfer_sites.names import DSL_CUTE, FLASHINFER, MOE_DISPATCH, SITE_PACKAGES  # noqa: E402  (imports nothing)
+from .b12x_sites.names import B12X  # noqa: E402  (imports nothing)
+from .b12x_sites.names import SITE_PACKAGES as B12X_SITE_PACKAGES  # noqa: E402
+from .flashinfer_sites.names import DSL_CUTE, FLASHINFER, MOE_DISPATCH  # noqa: E402  (imports nothing)
+from .flashinfer_sites.names import SITE_PACKAGES as FLASHINFER_SITE_PACKAGES  # noqa: E402
 
-#: flashinfer's own import (a profile must be in place before it queries the device), the DSL's
+#: Each adapter package (under ``cute_diskcache.``) and the modules it is handed as they are imported.
+_ADAPTERS = (("flashinfer_sites", FLASHINFER_SITE_PACKAGES), ("b12x_sites", B12X_SITE_PACKAGES))
+SITE_PACKAGES = FLASHINFER_SITE_PACKAGES + B12X_SITE_PACKAGES
+
+#: flashinfer's and b12x's own imports (a profile must be in place before they query the device), the DSL's
 #: ``cutlass.cute`` (the inline sites' one hook goes on its ``compile``, whatever imports it
-#: first), and every module of the adapter's site packages as it is imported (the adapter
+#: first), and every module of the adapters' site packages as it is imported (each adapter
 #: decides which hold sites).
-_WATCHED = (FLASHINFER, MOE_DISPATCH, DSL_CUTE)
+_WATCHED = (FLASHINFER, B12X, MOE_DISPATCH, DSL_CUTE)
+_QUERY_ON_IMPORT = (FLASHINFER, B12X)
 
 
 def _watched(fullname: str) -> bool:
@@ -34,8 +42,16 @@ def _watched(fullname: str) -> bool:
 
 
 def _site_modules() -> "list[ModuleType]":
-    """The adapter's candidate modules already imported, in import order."""
+    """The adapters' candidate modules already imported, in import order."""
     return [m for name, m in list(sys.modules.items()) if name.startswith(SITE_PACKAGES) and m is not None]
+
+
+def _adapter_of(module_name: str) -> "Any":
+    """The adapter package handed ``module_name`` (imported on first use)."""
+    import importlib
+
+    package = next(pkg for pkg, prefixes in _ADAPTERS if module_name.startswith(prefixes))
+    return importlib.import_module(f"{__package__}.{package}")
 
 
 _lock = RLock()
@@ -66,8 +82,8 @@ class _Loader:
         return self._real.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
-        if self._fullname == FLASHINFER:
-            _apply_profile()  # flashinfer queries the device while it imports
+        if self._fullname in _QUERY_ON_IMPORT:
+            _apply_profile()  # flashinfer queries the device while it imports; b12x's code as it runs
         self._real.exec_module(module)
         if self._fullname == DSL_CUTE:
             _attach_dsl()
@@ -102,7 +118,7 @@ def _apply_profile() -> None:
     global _profile_name
     if _profile_name is None:
         return
-    from . import targets
+    from .keys import targets
 
     try:
         targets.apply(_profile_name)
@@ -113,17 +129,16 @@ def _apply_profile() -> None:
 
 def _attach(module: ModuleType) -> None:
     try:
-        from . import flashinfer_sites
-
-        flashinfer_sites.apply_profile(module)
+        adapter = _adapter_of(module.__name__)
+        adapter.apply_profile(module)
         if _cache_on:
-            flashinfer_sites.patch(module)
+            adapter.patch(module)
     except Exception as exc:  # never break flashinfer's import because of the cache
         # Attaching runs once per flashinfer module imported: a broken install would say it dozens of times.
         global _attach_failure_said
         level = 10 if _attach_failure_said else 30  # DEBUG, WARNING (logging is not imported at start-up)
         _attach_failure_said = True
-        _log().log(level, "cute-diskcache could not attach to flashinfer (%s); running uncached", exc)
+        _log().log(level, "cute-diskcache could not attach to %s (%s); running uncached", module.__name__.partition(".")[0], exc)
 
 
 def _attach_dsl() -> None:
@@ -150,7 +165,7 @@ def set_target(name: str | None) -> None:
     global _profile_name
     if name is None:
         return
-    from . import targets
+    from .keys import targets
 
     with _lock:
         targets.get(name)  # unknown names fail here, loudly
@@ -201,14 +216,10 @@ def uninstall() -> None:
             except ValueError:
                 pass
             _finder = None
-        modules = _site_modules()
-        if modules:
-            from . import flashinfer_sites
-
-            for module in modules:
-                flashinfer_sites.unpatch(module)
+        for module in _site_modules():
+            _adapter_of(module.__name__).unpatch(module)
         if DSL_CUTE in sys.modules:
-            from .flashinfer_sites import hook
+            from .core import hook
 
             hook.unpatch()
 

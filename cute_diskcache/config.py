@@ -16,8 +16,10 @@ from pathlib import Path
 ENABLE_ENV = "FLASHINFER_B12X_DISK_CACHE"
 
 _FALSE = ("", "0", "false", "no", "off")
-#: CUTE_DISKCACHE_NATIVE_SITES values; the first is the default.
+#: CUTE_DISKCACHE_NATIVE_SITES values; the first is the default (every library's sites ours).
 NATIVE_SITES_CHOICES = ("cute-diskcache", "flashinfer")
+#: Libraries CUTE_DISKCACHE_NATIVE_SITES may leave to their own caches (a comma list of them).
+NATIVE_LIBRARIES = ("flashinfer", "b12x")
 
 
 def env_flag(name: str, default: bool = False) -> bool:
@@ -184,7 +186,9 @@ SETTINGS_DOC: dict[str, tuple[str, str, str]] = {
         "Who serves the static, micro and dynamic MoE kernels that flashinfer >= 0.6.18 caches itself. "
         "cute-diskcache: our cache, keyed without torch's build (flashinfer's own key has it, so a cache prewarmed "
         "with a CPU torch misses on the GPU box); flashinfer's cached_ops is then neither read nor written for them. "
-        "flashinfer: flashinfer's own cache, as without cute-diskcache.",
+        "flashinfer: flashinfer's own cache, as without cute-diskcache. A comma list of libraries whose own caches "
+        "keep their kernels: flashinfer, b12x (b12x: the b12x package's compiles go to b12x's own disk cache, "
+        "B12X_COMPILE_DISK_CACHE, and ours stays out of them; by default ours serves them and b12x's stands aside).",
     ),
     "on_miss": (
         "CUTE_DISKCACHE_ON_MISS",
@@ -273,16 +277,27 @@ def _flashinfer_cache_dir() -> Path | None:
 
 
 def _native_sites_env() -> str:
-    """``CUTE_DISKCACHE_NATIVE_SITES``; a value we do not know keeps the default, with a warning."""
+    """``CUTE_DISKCACHE_NATIVE_SITES``: ``cute-diskcache`` or a comma list of :data:`NATIVE_LIBRARIES`
+    in that order (``flashinfer,b12x``); a value we do not know keeps the default, with a warning."""
     raw = (os.environ.get("CUTE_DISKCACHE_NATIVE_SITES") or "").strip().lower()
     if raw in NATIVE_SITES_CHOICES:
         return raw
+    named = {part.strip() for part in raw.split(",")} - {""}
+    if named and named <= set(NATIVE_LIBRARIES):
+        return ",".join(lib for lib in NATIVE_LIBRARIES if lib in named)
     if raw:
         import logging
 
-        logging.getLogger("cute_diskcache").warning("ignoring CUTE_DISKCACHE_NATIVE_SITES=%r (expected one of %s); using %s",
-                                                    raw, ", ".join(NATIVE_SITES_CHOICES), NATIVE_SITES_CHOICES[0])
+        logging.getLogger("cute_diskcache").warning(
+            "ignoring CUTE_DISKCACHE_NATIVE_SITES=%r (expected %s, or a comma list of %s); using %s",
+            raw, NATIVE_SITES_CHOICES[0], ", ".join(NATIVE_LIBRARIES), NATIVE_SITES_CHOICES[0])
     return NATIVE_SITES_CHOICES[0]
+
+
+def left_to_library(library: str, native_sites: str | None = None) -> bool:
+    """Whether ``CUTE_DISKCACHE_NATIVE_SITES`` (or ``native_sites``, a value :func:`load` gave) leaves
+    ``library``'s natively cached sites to its own cache."""
+    return library in (native_sites if native_sites is not None else _native_sites_env()).split(",")
 
 
 DEFAULT_MAX_SIZE = "5G"

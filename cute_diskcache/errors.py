@@ -8,7 +8,7 @@ class CacheMissError(RuntimeError):
 
     For CI gates and canaries (like SGLang's ``SGLANG_CRASH_ON_JIT_COMPILE`` and vLLM's
     ``--jit-monitor-mode error``): nothing was compiled, locked or written. ``site``, ``digest``
-    and ``reason`` (:func:`cute_diskcache.explain.why_missed`) say which kernel and why.
+    and ``reason`` (:func:`cute_diskcache.storage.explain.why_missed`) say which kernel and why.
     """
 
     def __init__(self, message: str, *, site: str, digest: str, reason: str) -> None:

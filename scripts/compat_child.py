@@ -153,7 +153,7 @@ def _w4a16_compile(name: str) -> Any:
     from flashinfer.fused_moe.cute_dsl.blackwell_sm12x import moe_w4a16_host as host
     from flashinfer.fused_moe.cute_dsl.blackwell_sm12x import moe_w4a16_kernel as k
 
-    from cute_diskcache import targets
+    from cute_diskcache.keys import targets
 
     profile = targets.active()
     sms, smem = profile.sm_count, profile.max_shared_memory_per_block_optin
@@ -224,7 +224,7 @@ def _dense_gemm_site() -> dict[str, Any]:
     import torch
     from flashinfer.gemm.kernels.dense_blockscaled_gemm_sm120_b12x import dense_gemm
 
-    from cute_diskcache import targets
+    from cute_diskcache.keys import targets
 
     m, n, k = 16, 1024, 2048  # one decode batch through a 2048 -> 1024 NVFP4 layer
     a, b = torch.zeros((m, k // 2, 1), dtype=torch.uint8), torch.zeros((n, k // 2, 1), dtype=torch.uint8)
@@ -246,7 +246,7 @@ def result_summary(kernel: Any, workdir: Path) -> dict[str, Any]:
     import hashlib
     import inspect
 
-    from cute_diskcache import as_compiled
+    from cute_diskcache.core import as_compiled
 
     def seen(value: Any) -> list[Any]:
         if inspect.ismethod(value):
@@ -317,8 +317,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import_s = time.perf_counter() - t0
     from cute_diskcache import flashinfer_sites
-    from cute_diskcache.cache import default_cache
-    from cute_diskcache.key import dsl_stack_string
+    from cute_diskcache.core.cache import default_cache
+    from cute_diskcache.keys.key import dsl_stack_string
 
     dispatchers: dict[tuple[int, ...], Any] = {}
     drivers: dict[str, Callable[[], dict[str, Any]]] = {

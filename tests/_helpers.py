@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from cute_diskcache import entry
-from cute_diskcache.key import CacheKey, Environment
+from cute_diskcache.storage import entry
+from cute_diskcache.keys.key import CacheKey, Environment
 
 #: Field names of each kind's ``cache_key`` tuple, in order, as moe_dispatch builds them.
 SITE_FIELDS: dict[str, tuple[str, ...]] = {

@@ -31,7 +31,7 @@ PROBE_TIMEOUT_S = 300
 #: Variables of ours in the parent that would leak into the child's behaviour.
 _DROPPED_ENV = re.compile(r"^(CUTE_DISKCACHE_.*|FLASHINFER_B12X_DISK_CACHE|CUTE_DSL_ARCH)$")
 _COUNT_LINE = re.compile(r"^cdc-test real compiles: (\d+)$", re.M)
-#: What every serving process now says on its own (cute_diskcache.report): the attach line, one
+#: What every serving process now says on its own (cute_diskcache.core.report): the attach line, one
 #: WARNING per compile and the exit summary. run_probe hands them over apart (``cache_log``), so
 #: ``stderr == ""`` keeps meaning "nothing unexpected was said".
 REPORT_LINE = re.compile(r"^\[cute-diskcache\] (?:INFO attached: |WARNING compiling |INFO this process: |INFO this engine \().*$", re.M)
@@ -79,7 +79,7 @@ def _instrument(module):
 
     def _compile(self, *args, **kwargs):
         # Counted when it returns: a call that raises lowered nothing. The second-stage key's
-        # trace (cute_diskcache.trace) enters here too and stops by raising after tracing.
+        # trace (cute_diskcache.keys.trace) enters here too and stops by raising after tracing.
         _state["depth"] += 1
         try:
             result = real(self, *args, **kwargs)
@@ -118,7 +118,7 @@ sys.meta_path.insert(0, _Finder())
 def isolated_stats(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No setting of ours from the parent's environment, and this process's statistics unbound
     and zeroed before and after (the files that count them use it with ``usefixtures``)."""
-    from cute_diskcache import stats
+    from cute_diskcache.storage import stats
 
     for name in list(os.environ):
         if name.startswith("CUTE_DISKCACHE_"):

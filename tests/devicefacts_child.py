@@ -25,7 +25,7 @@ args = ap.parse_args()
 
 logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="LOG %(levelname)s %(message)s")
 
-from cute_diskcache import devicefacts, targets  # noqa: E402
+from cute_diskcache.keys import devicefacts, targets  # noqa: E402
 
 base = targets.get(args.profile)
 changes = tuple((k, int(v)) for k, v in (s.split("=", 1) for s in args.set)) + tuple((k, None) for k in args.drop)

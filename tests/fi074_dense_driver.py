@@ -205,7 +205,7 @@ def engine(model: str, ms: list[int], max_num_tokens: int) -> dict[str, Any]:
     """Serve ``model`` for these m the way vLLM 0.34 does: MoE layers, then dense layers."""
     from flashinfer.fused_moe.utils import get_hybrid_num_tokens_buckets
 
-    from cute_diskcache import models
+    from cute_diskcache.prewarm import models
     from cute_diskcache.flashinfer_sites import Dispatcher
 
     out: dict[str, Any] = {"moe_m": 0, "dense_calls": 0, "tuner_tactics": 0}
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     import cute_diskcache
 
     cute_diskcache.install(target=args.target)
-    from cute_diskcache.cache import default_cache
+    from cute_diskcache.core.cache import default_cache
 
     sites = drive_sites(SITES, args)
     served = engine(args.engine, [int(v) for v in args.ms.split(",")], args.max_num_tokens) if args.engine else None

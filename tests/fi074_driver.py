@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     import_s = time.perf_counter() - t0
 
     from cute_diskcache import flashinfer_sites
-    from cute_diskcache.cache import default_cache
+    from cute_diskcache.core.cache import default_cache
     from cute_diskcache.flashinfer_sites import block_dim, native
 
     probes: list[int] = []

@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cute_diskcache.install(target=args.target)
     _cpu_torch_stand_ins()
-    from cute_diskcache.cache import default_cache
+    from cute_diskcache.core.cache import default_cache
     from fi074_dense_driver import drive_sites  # this script's directory is first on sys.path
 
     sites = drive_sites(SITES, args)

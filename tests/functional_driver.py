@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cute_diskcache.install(target=args.target)
     from cute_diskcache import flashinfer_sites
-    from cute_diskcache.cache import default_cache
+    from cute_diskcache.core.cache import default_cache
 
     d = flashinfer_sites.Dispatcher(*(int(v) for v in args.shape.split(",")), use_cuda_graph=False)
     records = [d.run(m, functional=True) for m in args.m]

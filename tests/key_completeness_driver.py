@@ -162,9 +162,10 @@ def serve(args: argparse.Namespace) -> dict[str, Any]:
     """An engine start that requests every kernel of ``--kernels`` ({model: [kernel, ...]}, each
     from a plan's kernel list) with the cache attached: each model's dispatchers, as prewarm's
     workers build them, make the call that requested the kernel while planning."""
-    from cute_diskcache import prewarm, prewarm_dense
+    from cute_diskcache import prewarm
+    from cute_diskcache.prewarm import dense as prewarm_dense
     from cute_diskcache.activation import install
-    from cute_diskcache.cache import default_cache
+    from cute_diskcache.core.cache import default_cache
 
     wanted: dict[str, list[dict[str, Any]]] = json.loads(open(args.kernels).read())
     install(target=TARGET)

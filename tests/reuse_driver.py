@@ -36,7 +36,7 @@ def main() -> int:
     import compat_child
     import flashinfer
 
-    from cute_diskcache.cache import default_cache
+    from cute_diskcache.core.cache import default_cache
 
     engine = None
     if args.engine:

@@ -229,7 +229,7 @@ from flashinfer.fused_moe.cute_dsl.blackwell_sm12x import moe_dispatch
 import torch
 import cute_diskcache
 from cute_diskcache import flashinfer_sites
-from cute_diskcache.flashinfer_sites import hook
+from cute_diskcache.core import hook
 real_cute = sys.modules["cutlass.cute"]
 rows = {}
 for name in ("_get_static_kernel", "_get_micro_kernel", "_get_dynamic_kernel"):
@@ -270,7 +270,7 @@ def test_install_after_flashinfer_import_is_idempotent_and_reversible(venvs: Ven
         venvs.workdir,
         _STARTUP_STATE
         + f"""
-from cute_diskcache import targets
+from cute_diskcache.keys import targets
 targets.apply({TARGET!r})  # device stand-ins only: no import hook exists yet
 from flashinfer.fused_moe.cute_dsl.blackwell_sm12x import moe_dispatch
 import cute_diskcache

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _compat import REPO, matrix  # noqa: E402
 from test_flashinfer_074 import fi074  # noqa: E402,F401  (the 0.7.4 interpreter fixture)
 
-from cute_diskcache import as_compiled  # noqa: E402
+from cute_diskcache.core import as_compiled  # noqa: E402
 
 pytestmark = pytest.mark.slow
 CHILD = REPO / "scripts" / "compat_child.py"
@@ -86,7 +86,7 @@ def test_hits_on_0_7_4_are_what_compiles_return(fi074: str, tmp_path: Path) -> N
 def test_an_entry_without_the_compiles_class_is_a_miss_not_a_look_alike() -> None:
     """Side data written before the class was kept (or of another shape) is refused: a hit never
     hands back an object of another class than the compile's."""
-    from cute_diskcache.convention import side_data_ok
+    from cute_diskcache.core.convention import side_data_ok
 
     good = {"kwargs_wrapper": False, "calling_convention": None, "result": None}
     assert side_data_ok(good)

@@ -21,8 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 
 from _helpers import flip_byte, make_artifact, make_env, make_key, payload_path  # noqa: E402
 
-from cute_diskcache import bundle, cli, entry, ingest, layout, stats  # noqa: E402
-from cute_diskcache.key import CacheKey  # noqa: E402
+from cute_diskcache import cli  # noqa: E402
+from cute_diskcache.storage import bundle, entry, ingest, layout, stats  # noqa: E402
+from cute_diskcache.keys.key import CacheKey  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cute_diskcache import entry
+from cute_diskcache.storage import entry
 
 KERNEL = textwrap.dedent(
     """
@@ -43,7 +43,7 @@ CHILD = textwrap.dedent(
     """
     import importlib, json, os, sys, time
     from pathlib import Path
-    from cute_diskcache import targets
+    from cute_diskcache.keys import targets
     targets.apply("rtx-pro-6000")
     import cute_diskcache
     from cutlass.cute.runtime import make_fake_compact_tensor
@@ -64,7 +64,7 @@ CHILD = textwrap.dedent(
         second = cute_diskcache.cached_compile(kern.add, x, key=("add", 32))
         out["second"] = cute_diskcache.counters()
         out["same_object_after_reload"] = second is first
-    from cute_diskcache.cache import default_cache
+    from cute_diskcache.core.cache import default_cache
     out["events"] = [(e[1], e[2]) for e in default_cache().events]
     print(json.dumps(out))
     """

@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 
 from _helpers import flip_byte, payload_path, rewrite_manifest  # noqa: E402
 
-from cute_diskcache import entry, hostcpu  # noqa: E402
+from cute_diskcache.keys import hostcpu  # noqa: E402
+from cute_diskcache.storage import entry  # noqa: E402
 
 TARGET = "rtx-pro-6000"
 #: The smallest real plan: one micro kernel (m=1) of the bundled qwen3-30b-a3b.
@@ -142,11 +143,12 @@ def test_gate_and_engine_judge_side_data_alike(tmp_path: Path, monkeypatch: pyte
     the gate says ok exactly when a serving process with CUTE_DISKCACHE_ON_MISS=error hits."""
     from _helpers import make_artifact, make_key
 
-    from cute_diskcache import coverage
-    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.cli import coverage
+    from cute_diskcache.core.cache import CompileCache
     from cute_diskcache.errors import CacheMissError
-    from cute_diskcache.flashinfer_sites import hook, sites
-    from cute_diskcache.store import Store
+    from cute_diskcache.core import hook
+    from cute_diskcache.flashinfer_sites import sites
+    from cute_diskcache.storage.store import Store
 
     extra_ok = hook.site(next(r for r in sites.ROWS if r.kind == "micro")).extra_ok
     root, key = tmp_path / "root", make_key("micro")

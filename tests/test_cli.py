@@ -24,8 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 
 from _helpers import flip_byte, make_artifact, make_env, make_key, mlir_of, payload_path, rewrite_manifest  # noqa: E402
 
-from cute_diskcache import cli, entry, eviction, stats  # noqa: E402
-from cute_diskcache.key import CacheKey, Environment, dsl_stack  # noqa: E402
+from cute_diskcache import cli  # noqa: E402
+from cute_diskcache.storage import entry, eviction, stats  # noqa: E402
+from cute_diskcache.keys.key import CacheKey, Environment, dsl_stack  # noqa: E402
 
 FLASHINFER = importlib.metadata.version("flashinfer-python")
 

@@ -25,7 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 
 from _helpers import make_artifact, make_key  # noqa: E402
 
-from cute_diskcache import cli, entry, prewarm, progress, stats  # noqa: E402
+from cute_diskcache import cli, prewarm  # noqa: E402
+from cute_diskcache.prewarm import progress  # noqa: E402
+from cute_diskcache.storage import entry, stats  # noqa: E402
 
 TARGET = "rtx-pro-6000"
 

@@ -90,7 +90,7 @@ def test_refused_combination_attaches_nothing_and_says_so_once(tmp_path: Path) -
             "cute_diskcache.install(target='rtx-pro-6000')\n"
             "from flashinfer.fused_moe.cute_dsl.blackwell_sm12x import moe_dispatch\n"
             "import cutlass.cute as cute\n"
-            "from cute_diskcache.flashinfer_sites import hook\n"
+            "from cute_diskcache.core import hook\n"
             "print(isinstance(cute.compile, hook._Dispatch))\n")
     proc = _run(python, ["-c", code], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -100,7 +100,7 @@ def test_refused_combination_attaches_nothing_and_says_so_once(tmp_path: Path) -
     assert lines == ["cute-diskcache refuses flashinfer 0.6.12 with nvidia-cutlass-dsl 4.5.0: nvidia-cutlass-dsl 4.5 without "
                      "its cu13 libraries cannot assemble the sm12x MoE kernels (ptxas: \"Unexpected instruction types specified "
                      "for '_mma'\"); install nvidia-cutlass-dsl[cu13]; flashinfer runs uncached"], proc.stderr[-3000:]
-    doctor = _run(python, ["-m", "cute_diskcache.doctor", "--strict"], tmp_path)
+    doctor = _run(python, ["-m", "cute_diskcache.cli.doctor", "--strict"], tmp_path)
     assert doctor.returncode == 1 and "REFUSED: flashinfer 0.6.12 with nvidia-cutlass-dsl 4.5.0" in doctor.stdout
     prewarm = _run(python, ["-m", "cute_diskcache.prewarm", "--model", "qwen3-30b-a3b", "--target", TARGET, "--dry-run"], tmp_path)
     assert prewarm.returncode == 2 and "error: cute-diskcache refuses flashinfer 0.6.12" in prewarm.stderr

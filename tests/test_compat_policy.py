@@ -25,8 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from cute_diskcache import doctor
-from cute_diskcache.flashinfer_sites import compat, hook, scan, sites
+from cute_diskcache.cli import doctor
+from cute_diskcache.core import hook
+from cute_diskcache.flashinfer_sites import compat, scan, sites
 from cute_diskcache.flashinfer_sites._common import Call
 from cute_diskcache.flashinfer_sites.names import table_name
 
@@ -297,4 +298,7 @@ def test_versions_page_is_generated_from_the_matrix() -> None:
     section = readme.split(script.README_BEGIN, 1)[1].split(script.README_END, 1)[0]
     assert section.strip() == script.readme_section(script.load_results()).strip(), \
         "docs/versions.md's table is stale: python scripts/compat_matrix.py --table-only --readme"
-    assert (REPO / "compat" / "README.md").read_text().count("\n| ") == len(_results()) + 1
+    flashinfer, _, b12x = (REPO / "compat" / "README.md").read_text().partition("\n## b12x")
+    assert flashinfer.count("\n| ") == len(_results()) + 1
+    b12x_cells = sorted((REPO / "compat" / "b12x").glob("*.json"))  # scripts/compat_b12x.py's section
+    assert b12x.count("\n| ") == (len(b12x_cells) + 1 if b12x_cells else 0)

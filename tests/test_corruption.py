@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
-from cute_diskcache import entry
-from cute_diskcache.key import encode
+from cute_diskcache.storage import entry
+from cute_diskcache.keys.key import encode
 
 if TYPE_CHECKING:
     from conftest import Warm

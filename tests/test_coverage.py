@@ -12,8 +12,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 from _helpers import flip_byte, make_artifact, make_key, payload_path, rewrite_manifest  # noqa: E402
 from test_bundle import _isolated  # noqa: E402,F401  (autouse: no settings from the environment, no fsync, no stats file)
 
-from cute_diskcache import coverage, entry, hostcpu  # noqa: E402
-from cute_diskcache.store import Store  # noqa: E402
+from cute_diskcache.cli import coverage  # noqa: E402
+from cute_diskcache.keys import hostcpu  # noqa: E402
+from cute_diskcache.storage import entry  # noqa: E402
+from cute_diskcache.storage.store import Store  # noqa: E402
 
 
 def tree(root: Path) -> dict[str, tuple[int, int]]:

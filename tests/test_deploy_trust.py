@@ -32,9 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 from _helpers import make_artifact, make_key  # noqa: E402
 from _nobody import NOBODY, as_user, can_run_as_others, prefix, public_dir  # noqa: E402
 
-from cute_diskcache import config, entry  # noqa: E402
-from cute_diskcache.key import CacheKey  # noqa: E402
-from cute_diskcache.store import Store  # noqa: E402
+from cute_diskcache import config  # noqa: E402
+from cute_diskcache.storage import entry  # noqa: E402
+from cute_diskcache.keys.key import CacheKey  # noqa: E402
+from cute_diskcache.storage.store import Store  # noqa: E402
 
 if TYPE_CHECKING:
     from conftest import Warm
@@ -352,8 +353,8 @@ def test_entries_that_arrive_from_outside_leave_the_root_writable_by_the_group(
     """Finding 5: uid 65534 fetches (or imports) an entry first; uid 65533, of the same group,
     must still add its own kernels to that namespace, and its statistics. Before, the merge made
     ``v1/``, the namespace and the shard 2755 and ``stats/`` 0755: read-only for every other uid."""
-    from cute_diskcache import bundle, stats
-    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.storage import bundle, stats
+    from cute_diskcache.core.cache import CompileCache
     from cute_diskcache.remote.client import RemoteCache
 
     built = public / "built"
@@ -546,7 +547,8 @@ def test_import_stats_and_settings_follow_trust_group(volume: Path, public: Path
     """Every door agrees with the engine: ``import`` into an fsGroup volume, and the trust note
     ``stats`` prints, accept what CUTE_DISKCACHE_TRUST_GROUP accepts (they checked uid and mode
     alone), and a read layer of an unknown ~user is skipped, never an exception from load()."""
-    from cute_diskcache import bundle, inventory
+    from cute_diskcache.cli import inventory
+    from cute_diskcache.storage import bundle
 
     built = public / "built"
     assert Store(built).commit(key, art) is not None

@@ -1,4 +1,4 @@
-"""What a compile receives, described as a tree that ``key.Plain`` encodes (cute_diskcache.describe).
+"""What a compile receives, described as a tree that ``key.Plain`` encodes (cute_diskcache.core.describe).
 
 The hook's key is ``Plain(describer tree)``: marshal writes it in C and refuses every type but the
 exact built-ins, so a description that let an enum, a subclass of ``int`` or ``str``, or a DSL
@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from cute_diskcache.describe import Describer
-from cute_diskcache.key import Plain, UnkeyableError
+from cute_diskcache.core.describe import Describer
+from cute_diskcache.keys.key import Plain, UnkeyableError
 
 _EXACT = (tuple, str, int, float, bool, type(None), bytes)
 

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from cute_diskcache import devicefacts, entry, targets
-from cute_diskcache.key import Environment
+from cute_diskcache.keys import devicefacts, targets
+from cute_diskcache.storage import entry
+from cute_diskcache.keys.key import Environment
 
 from _helpers import make_artifact, make_key
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cute_diskcache import doctor
+from cute_diskcache.cli import doctor
 from cute_diskcache.flashinfer_sites import scan, sites
 
 FI_VERSION = "0.6.15.post1"
@@ -60,7 +60,7 @@ def test_0_6_15_moe_dispatch_b12x_gemm_and_w4a16_sites_are_ours(installed_report
 def test_doctor_cli_prints_the_table_and_strict_fails_on_uncovered(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_DISKCACHE_")}
     env.update(CUTE_DISKCACHE_DIR=str(tmp_path / "root"), CUTE_DISKCACHE_TARGET="rtx-pro-6000")
-    run = lambda *a: subprocess.run([sys.executable, "-m", "cute_diskcache.doctor", *a], env=env,  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-m", "cute_diskcache.cli.doctor", *a], env=env,  # noqa: E731
                                     capture_output=True, text=True, timeout=120, cwd=tmp_path)
     text = run()
     assert text.returncode == 0, text.stderr

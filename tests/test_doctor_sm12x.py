@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cute_diskcache import doctor
+from cute_diskcache.cli import doctor
 from cute_diskcache.flashinfer_sites import known, scan
 from cute_diskcache.flashinfer_sites import sites as site_table
 

@@ -33,9 +33,9 @@ from _helpers import (  # noqa: E402
     rewrite_manifest,
 )
 
-from cute_diskcache import entry  # noqa: E402
-from cute_diskcache.entry import EntryError  # noqa: E402
-from cute_diskcache.key import FORMAT_VERSION, CacheKey  # noqa: E402
+from cute_diskcache.storage import entry  # noqa: E402
+from cute_diskcache.storage.entry import EntryError  # noqa: E402
+from cute_diskcache.keys.key import FORMAT_VERSION, CacheKey  # noqa: E402
 
 
 @pytest.fixture
@@ -571,14 +571,14 @@ def test_temp_names_are_unique_per_host_process_and_call(tmp_path: Path) -> None
 
 
 def test_entry_records_the_build_cpu_extensions(written: tuple[Path, dict[str, Any]]) -> None:
-    from cute_diskcache import hostcpu
+    from cute_diskcache.keys import hostcpu
 
     _, manifest = written
     assert manifest["host_isa"] == list(hostcpu.isa_extensions())
 
 
 def test_entry_from_a_cpu_with_more_extensions_is_a_miss(written: tuple[Path, dict[str, Any]], key: CacheKey) -> None:
-    from cute_diskcache import hostcpu
+    from cute_diskcache.keys import hostcpu
 
     if not hostcpu.isa_extensions():
         pytest.skip("this host exposes no /proc/cpuinfo flags")
@@ -604,7 +604,7 @@ def test_malformed_host_isa_is_refused(written: tuple[Path, dict[str, Any]], key
 
 
 def test_isa_extensions_filter_keeps_only_instruction_sets() -> None:
-    from cute_diskcache import hostcpu
+    from cute_diskcache.keys import hostcpu
 
     isa = hostcpu.isa_extensions()
     assert "hypervisor" not in isa and "ht" not in isa
@@ -620,7 +620,7 @@ def test_intrinsic_only_extensions_are_not_recorded(monkeypatch: pytest.MonkeyPa
     import builtins
     import io
 
-    from cute_diskcache import hostcpu
+    from cute_diskcache.keys import hostcpu
 
     amd = "processor\t: 0\nflags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 sse4a popcnt avx avx2 fma bmi1 bmi2 avx512f " \
           "avx512_vp2intersect xsave xsaveerptr rdrand aes vaes sha_ni hypervisor\n"

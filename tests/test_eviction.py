@@ -16,8 +16,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _helpers import make_artifact, make_key  # noqa: E402
 
-from cute_diskcache import config, eviction, housekeeping  # noqa: E402
-from cute_diskcache.store import Store  # noqa: E402
+from cute_diskcache import config  # noqa: E402
+from cute_diskcache.storage import eviction, housekeeping  # noqa: E402
+from cute_diskcache.storage.store import Store  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -108,7 +109,7 @@ _FULL_DISK = textwrap.dedent(
     sys.path.insert(0, sys.argv[2])
     from pathlib import Path
     from _helpers import make_artifact, make_key
-    from cute_diskcache import entry, eviction
+    from cute_diskcache.storage import entry, eviction
     root = Path(sys.argv[1])
     written = 0
     for i in range(1000):  # fill the tmpfs to ENOSPC with entries
@@ -206,7 +207,7 @@ def test_counter_follows_commits_and_evictions(tmp_path: Path, monkeypatch: pyte
 
 def test_quarantine_is_bounded(tmp_path: Path, no_fsync: None) -> None:
     """Old code: quarantine/ emptied only by 'clear', invisible to eviction."""
-    from cute_diskcache import entry
+    from cute_diskcache.storage import entry
 
     store = Store(tmp_path)
     for i in range(housekeeping.QUARANTINE_MAX_ITEMS + 8):
@@ -221,7 +222,7 @@ def test_quarantine_is_bounded(tmp_path: Path, no_fsync: None) -> None:
 def test_housekeeping_bounds_every_leftover(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_fsync: None) -> None:
     """tmp/, trash/, a killed writer's .tmp.* and payloads, entries that never got a manifest,
     idle lock files and dead processes' statistics: all of it went unbounded before."""
-    from cute_diskcache import entry, locking
+    from cute_diskcache.storage import entry, locking
 
     monkeypatch.setenv("CUTE_DISKCACHE_MAX_SIZE", "0")
     (kept,) = _fill(tmp_path, 1)

@@ -16,8 +16,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _helpers import SITE_KEYS, make_artifact, make_env, make_key, rewrite_manifest  # noqa: E402
 
-from cute_diskcache import entry, explain  # noqa: E402
-from cute_diskcache.store import Store  # noqa: E402
+from cute_diskcache.storage import entry, explain  # noqa: E402
+from cute_diskcache.storage.store import Store  # noqa: E402
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def test_refused_entry_for_another_cpu_says_host_cpu(store: Store, monkeypatch: 
     key = make_key()
     manifest = store.commit(key, make_artifact())
     assert manifest is not None
-    monkeypatch.setattr("cute_diskcache.hostcpu.isa_extensions", lambda: ("sse2",))  # this "CPU" has no AVX-512
+    monkeypatch.setattr("cute_diskcache.keys.hostcpu.isa_extensions", lambda: ("sse2",))  # this "CPU" has no AVX-512
     rewrite_manifest(store.entry_dir(key), {**manifest, "host_isa": ["avx512f", "sse2"]})
     assert explain.why_missed(store, key) == "entry refused: host CPU (entry needs avx512f)"
 
@@ -109,5 +109,5 @@ def test_never_raises(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*_a: object, **_k: object) -> list[str]:
         raise OSError("disk on fire")
 
-    monkeypatch.setattr("cute_diskcache.layout.namespaces", broken)
+    monkeypatch.setattr("cute_diskcache.storage.layout.namespaces", broken)
     assert explain.why_missed(store, make_key()).startswith("no entry for this kernel (reason not determined: OSError")

@@ -108,7 +108,7 @@ class Child:
 
 def _manifests(root: Path) -> dict[str, dict[str, Any]]:
     """site name -> manifest of every committed entry (one per site in these roots)."""
-    from cute_diskcache import entry
+    from cute_diskcache.storage import entry
 
     out = {}
     for path in root.glob("v1/*/*/*/manifest.msgpack"):
@@ -223,7 +223,7 @@ def test_keys_carry_the_site_key_and_the_core_environment(shared: dict[str, Any]
 
 
 def _cubins(entry_dir: Path) -> list[bytes]:
-    from cute_diskcache import elf
+    from cute_diskcache.storage import elf
 
     return [c for path in sorted(entry_dir.iterdir()) if path.is_file() for c in elf.cubins_in(path.read_bytes())]
 
@@ -271,7 +271,7 @@ def test_block_dim_answer_comes_from_disk(shared: dict[str, Any], tmp_path: Path
     flashinfer then refuses the direct micro kernel and falls back to the MMA micro kernel, one
     of its natively cached sites, which we serve: that is the one compile, into our cache.
     """
-    from cute_diskcache import entry
+    from cute_diskcache.storage import entry
 
     child: Child = shared["child"]
     root = tmp_path / "root"
@@ -422,7 +422,7 @@ def test_prewarm_says_why_flashinfer_refuses_a_model_without_a_traceback(fi074: 
 
 def test_doctor_on_074(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> None:
     child = Child(tmp_path / "root", tmp_path / "workspace", compile_hook_dir)
-    report = json.loads(child.module("cute_diskcache.doctor", "--json").stdout)
+    report = json.loads(child.module("cute_diskcache.cli.doctor", "--json").stdout)
     assert report["flashinfer"] == "0.7.4" and report["verified"] is True
     # The MoE package's sites (doctor scans all of flashinfer: the rest is checked in
     # tests/test_flashinfer_074_dense.py).
@@ -442,10 +442,10 @@ def test_doctor_on_074(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> No
     assert report["missing_adapter_sites"] == []
     assert report["root"] == str(child.root) and report["native_cache_dir"].startswith(str(child.workspace))
     assert len(status) == 19 and set(status.values()) == {"cute-diskcache"}
-    text = child.module("cute_diskcache.doctor").stdout
+    text = child.module("cute_diskcache.cli.doctor").stdout
     assert "native sites   served by cute-diskcache" in text
     opt_out = Child(child.root, child.workspace, compile_hook_dir, extra_env=OPT_OUT)
-    left = json.loads(opt_out.module("cute_diskcache.doctor", "--json").stdout)
+    left = json.loads(opt_out.module("cute_diskcache.cli.doctor", "--json").stdout)
     assert left["native_sites"] == "flashinfer"
     left_moe = [s for s in left["sites"] if s["path"].startswith("fused_moe/cute_dsl/blackwell_sm12x/")]
     assert {f"{s['file']}:{s['function']}" for s in left_moe if s["status"] == "flashinfer"} == NATIVE_SITES

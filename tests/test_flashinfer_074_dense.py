@@ -267,7 +267,7 @@ INLINE_074 = {
 
 def test_doctor_lists_every_sm12x_site_of_074(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> None:  # noqa: F811
     child = Child(tmp_path / "root", tmp_path / "workspace", compile_hook_dir)
-    report = json.loads(child.module("cute_diskcache.doctor", "--json").stdout)
+    report = json.loads(child.module("cute_diskcache.cli.doctor", "--json").stdout)
     sm12x = {f"{s['path']}:{s['function']}": s["status"] for s in report["sites"] if s["arch"] == "sm12x" and not s["harness"]}
     ours = {site for site, st in sm12x.items() if st == "cute-diskcache"}
     assert {"gemm/gemm_base.py:_b12x_gemm_fp4_runner.B12xFp4GemmRunner.forward",
@@ -290,11 +290,11 @@ def test_doctor_lists_every_sm12x_site_of_074(fi074: str, tmp_path: Path, compil
     assert report["summary"] == {"cute-diskcache": len(ours), "flashinfer": sum(st == "flashinfer" for st in sm12x.values()),
                                  "nothing": 0}
     assert report["missing_adapter_sites"] == [] and report["groups"]["other"]["nothing"] > 0
-    strict = subprocess.run([fi074, "-m", "cute_diskcache.doctor", "--strict"], env=child.env(),
+    strict = subprocess.run([fi074, "-m", "cute_diskcache.cli.doctor", "--strict"], env=child.env(),
                             capture_output=True, text=True, timeout=120, cwd=compile_hook_dir)
     assert strict.returncode == 0 and "nothing 0" in strict.stdout, strict.stdout[-3000:]
     left = json.loads(Child(child.root, child.workspace, compile_hook_dir, extra_env=OPT_OUT)
-                      .module("cute_diskcache.doctor", "--json").stdout)
+                      .module("cute_diskcache.cli.doctor", "--json").stdout)
     left_status = {f"{s['path']}:{s['function']}": s["status"] for s in left["sites"]}
     assert left_status["gemm/kernels/sm12x_cute/runner.py:_compile"] == "flashinfer"
     assert left_status["gemm/gemm_base.py:_b12x_gemm_fp4_runner.B12xFp4GemmRunner.forward"] == "cute-diskcache"

@@ -29,8 +29,9 @@ HIT_CHILD = textwrap.dedent('''
     import builtins, importlib.metadata as md, json, os, sys
     import cute_diskcache
     cute_diskcache.install(target=sys.argv[1])
-    from cute_diskcache import flashinfer_sites, key
-    from cute_diskcache.cache import default_cache
+    from cute_diskcache import flashinfer_sites
+    from cute_diskcache.keys import key
+    from cute_diskcache.core.cache import default_cache
 
     import flashinfer.fused_moe.cute_dsl.blackwell_sm12x.moe_dispatch  # noqa: F401  the attach (import hook)
     seen = {"cpuinfo": 0, "distributions": 0, "source_hashes": 0, "fsync": 0, "writes": []}

@@ -38,13 +38,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_flashinfer_074 import fi074  # noqa: E402,F401  (builds the 0.7.4 venv on a fresh checkout)
 from _helpers import make_artifact  # noqa: E402
 
-from cute_diskcache import cache as cache_module  # noqa: E402
-from cute_diskcache import describe  # noqa: E402
-from cute_diskcache.cache import CompileCache  # noqa: E402
-from cute_diskcache.flashinfer_sites import _common, hook, native, sites  # noqa: E402
+from cute_diskcache.core import cache as cache_module  # noqa: E402
+from cute_diskcache.core import describe  # noqa: E402
+from cute_diskcache.core.cache import CompileCache  # noqa: E402
+from cute_diskcache.core import hook  # noqa: E402
+from cute_diskcache.flashinfer_sites import _common, native, sites  # noqa: E402
+from cute_diskcache.flashinfer_sites.adapter import ADAPTER as FLASHINFER  # noqa: E402
 from cute_diskcache.flashinfer_sites.sites import Row  # noqa: E402
-from cute_diskcache.key import Environment, UnkeyableError, encode  # noqa: E402
-from cute_diskcache.store import Store  # noqa: E402
+from cute_diskcache.keys.key import Environment, UnkeyableError, encode  # noqa: E402
+from cute_diskcache.storage.store import Store  # noqa: E402
 
 cute = pytest.importorskip("cutlass.cute")
 import cutlass  # noqa: E402
@@ -128,7 +130,7 @@ def package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     root = tmp_path / "flashinfer"
     root.mkdir()
     real_root = os.path.realpath(root)
-    monkeypatch.setattr(hook, "_package_dir", lambda: real_root)
+    monkeypatch.setattr(FLASHINFER, "package_dir", lambda: real_root)
     monkeypatch.setattr(hook, "_ENABLED", True)
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_120a")
     monkeypatch.delenv("CUTE_DISKCACHE_NATIVE_SITES", raising=False)
@@ -383,7 +385,7 @@ def test_flashinfer_074s_b12x_wrapper_declares_its_scale_extents_dynamic(fi074: 
     code = textwrap.dedent("""
         import inspect
         from flashinfer.gemm.kernels import dense_blockscaled_gemm_sm120_b12x as m
-        from cute_diskcache.flashinfer_sites import hook
+        from cute_diskcache.core import hook
         cls = next(c for c in vars(m).values() if isinstance(c, type) and "wrapper" in vars(c)
                    and c.__module__ == m.__name__)
         names = list(inspect.signature(cls.wrapper).parameters)[1:]
@@ -523,7 +525,7 @@ def test_side_data_of_another_shape_is_a_miss_never_an_exception(tmp_path: Path,
     """Another writer version stored ``block_dim_probe`` as a list: old code raised AttributeError
     from ``site.deliver`` into flashinfer (it ran outside the try of through_cache). The direct
     micro kernel's row as the hook serves it (its extra_ok, deliver and adapt), keyed by hand."""
-    from cute_diskcache import loader
+    from cute_diskcache.storage import loader
 
     monkeypatch.setenv("CUTE_DSL_ARCH", "sm_120a")
     cache = CompileCache(Store(tmp_path / "cache"), single_flight=False)
@@ -609,7 +611,7 @@ def test_patch_is_idempotent_and_unpatch_puts_the_real_compile_back() -> None:
 _JIT_CHILD = textwrap.dedent('''
     import sys, types
     import cutlass, cutlass.cute as cute
-    from cute_diskcache.flashinfer_sites import hook
+    from cute_diskcache.core import hook
 
     hook._ours = lambda module: True  # this script's module stands in for flashinfer's
 

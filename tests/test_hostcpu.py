@@ -6,7 +6,7 @@ import platform
 
 import pytest
 
-from cute_diskcache import hostcpu
+from cute_diskcache.keys import hostcpu
 
 #: What a Sapphire Rapids / Zen 4 build box reports (as /proc/cpuinfo spells it, filtered).
 BUILD_BOX = ("abm", "adx", "avx", "avx2", "avx512_bf16", "avx512_vp2intersect", "avx512bw", "avx512f", "avx_vnni",

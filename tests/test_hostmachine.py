@@ -2,7 +2,7 @@
 
 A prewarm for ``dgx-spark`` on x86 once wrote x86_64 host code into the x86_64 namespace and
 reported success: a cache no Spark can load. Now it writes aarch64 host code into the aarch64
-namespace (the DSL cross-builds it, :mod:`cute_diskcache.crossbuild`), and ``check --target
+namespace (the DSL cross-builds it, :mod:`cute_diskcache.core.crossbuild`), and ``check --target
 dgx-spark`` here answers for a Spark host. Real flashinfer, the real DSL, one micro kernel
 (m=1). The aarch64 side (an emulated Spark loading these entries) is tests/test_spark_emulated.py.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from cute_diskcache import hostcpu, hostmachine, targets
+from cute_diskcache.keys import hostcpu, hostmachine, targets
 
 X86 = platform.machine() == "x86_64"
 needs_x86 = pytest.mark.skipif(not X86, reason="cross-building from x86_64 to aarch64 is what is tested")

@@ -14,8 +14,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 from _helpers import make_artifact, make_env, make_key  # noqa: E402
 from test_bundle import _isolated  # noqa: E402,F401  (autouse: no settings from the environment, no fsync, no stats file)
 
-from cute_diskcache import bundle, cli, coverage, entry, staleness  # noqa: E402
-from cute_diskcache.key import CacheKey  # noqa: E402
+from cute_diskcache import cli  # noqa: E402
+from cute_diskcache.cli import coverage  # noqa: E402
+from cute_diskcache.storage import bundle, entry, staleness  # noqa: E402
+from cute_diskcache.keys.key import CacheKey  # noqa: E402
 
 
 def put(root: Path, key: CacheKey) -> None:

@@ -22,8 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from cute_diskcache.flashinfer_sites import _common, hook, sites
-from cute_diskcache.key import UnkeyableError, encode
+from cute_diskcache.core import hook
+from cute_diskcache.flashinfer_sites import _common, sites
+from cute_diskcache.flashinfer_sites.adapter import ADAPTER as FLASHINFER
+from cute_diskcache.keys.key import UnkeyableError, encode
 
 cute = pytest.importorskip("cutlass.cute")
 import cutlass  # noqa: E402
@@ -212,12 +214,12 @@ def test_sites_are_named_as_the_scan_names_them() -> None:
     exec(code, ns)  # noqa: S102
     inner = ns["launch_fwd"]().__code__  # type: ignore[operator]
     root = os.path.realpath("/x/flashinfer")
-    old = hook._package_dir
-    hook._package_dir = lambda: root  # type: ignore[assignment]
+    old = FLASHINFER.package_dir
+    FLASHINFER.package_dir = lambda: root
     try:
-        assert hook._where(inner) == ("kda/decomp.py", "launch_fwd._compile")
+        assert hook._where(inner) == (FLASHINFER, "kda/decomp.py", "launch_fwd._compile")
     finally:
-        hook._package_dir = old  # type: ignore[assignment]
+        FLASHINFER.package_dir = old
     assert len({(r.file, r.function) for r in sites.ROWS}) == len(sites.ROWS) == len(sites.BY_WHERE)
 
 
@@ -275,12 +277,14 @@ SITE = textwrap.dedent(
 CHILD = textwrap.dedent(
     """
     import json, sys
-    from cute_diskcache import targets
+    from cute_diskcache.keys import targets
     targets.apply("rtx-pro-6000")
     import cute_diskcache
-    from cute_diskcache.flashinfer_sites import hook, sites
+    from cute_diskcache.core import hook
+    from cute_diskcache.flashinfer_sites import sites
     package, values = sys.argv[1], [float(v) for v in sys.argv[2].split(",")]
-    hook._package_dir = lambda: package
+    from cute_diskcache.flashinfer_sites.adapter import ADAPTER
+    ADAPTER.package_dir = lambda: package
     for function, kind in (("build", "test_build"), ("build_keeping_ptx", "test_ptx")):
         row = sites.Row("kernels/site.py", function, kind, "flashinfer.test." + kind, "test", tree="kernels")
         sites.BY_WHERE[(row.file, row.function)] = row
@@ -299,7 +303,7 @@ CHILD = textwrap.dedent(
         ptx = mod.build_keeping_ptx(values[0])
         out["ptx_sha256"] = ptx and hashlib.sha256(ptx.encode()).hexdigest()
         out["ptx_entry"] = bool(ptx) and ".entry" in ptx
-    from cute_diskcache.cache import default_cache
+    from cute_diskcache.core.cache import default_cache
     out["events"] = [(e[0], e[2]) for e in default_cache().events]
     hook.unpatch()
     import cutlass.cute as cute
@@ -370,7 +374,7 @@ def test_the_hook_is_in_place_whichever_is_imported_first(dsl_first: bool) -> No
         import cute_diskcache
         cute_diskcache.install()
         import cutlass.cute as cute
-        from cute_diskcache.flashinfer_sites import hook
+        from cute_diskcache.core import hook
         print(isinstance(cute.compile, hook._Dispatch), "flashinfer" in sys.modules)
         cute_diskcache.uninstall()
         print(isinstance(cute.compile, hook._Dispatch))

@@ -24,7 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from cute_diskcache.flashinfer_sites import _common, hook, scan, sites
+from cute_diskcache.core import hook
+from cute_diskcache.flashinfer_sites import _common, scan, sites
+from cute_diskcache.flashinfer_sites.adapter import ADAPTER as FLASHINFER
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import TARGET, child_env  # noqa: E402
@@ -84,7 +86,7 @@ def _frames(file: str, source: str) -> dict[str, types.FunctionType]:
     """Functions that say they are defined in ``file`` under the installed flashinfer (not written
     there: the hook reads a frame's code object only). ``compile_here()`` stands for
     ``cute.compile``: it answers which site the hook finds above it."""
-    root = hook._package_dir()
+    root = FLASHINFER.package_dir()
     assert root is not None
     ns: dict[str, object] = {"compile_here": lambda: hook._find_site(sys._getframe(1))}
     exec(compile(source, os.path.join(root, file), "exec"), ns)  # noqa: S102

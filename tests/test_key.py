@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 
 from _helpers import OPTIONS, SITE_FIELDS, SITE_KEYS, make_env, make_key  # noqa: E402
 
-from cute_diskcache import key as keymod  # noqa: E402
-from cute_diskcache.key import CacheKey, UnkeyableError, codegen_env, encode, source_fingerprint  # noqa: E402
+from cute_diskcache.keys import key as keymod  # noqa: E402
+from cute_diskcache.keys.key import CacheKey, UnkeyableError, codegen_env, encode, source_fingerprint  # noqa: E402
 
 
 # --------------------------------------------------------------------------------------------
@@ -202,7 +202,7 @@ def test_encoding_does_not_depend_on_hash_seed() -> None:
     """Sets and dicts must not leak the process's string hash order into the bytes."""
     code = textwrap.dedent(
         """
-        from cute_diskcache.key import encode
+        from cute_diskcache.keys.key import encode
         value = (frozenset({"alpha", "beta", "gamma", "delta", "eps"}), {"z": 1, "y": 2, "x": {"q", "r", "s"}})
         print(encode(value).hex())
         """
@@ -289,7 +289,7 @@ def test_plain_refuses_every_type_but_the_exact_built_ins(value: Any) -> None:
 
 
 def test_plain_bytes_are_the_same_in_another_process() -> None:
-    code = "from cute_diskcache.key import Plain; print(Plain(('compile', ('a', -0.0, 2**70, True, None, b'x'))).data.hex())"
+    code = "from cute_diskcache.keys.key import Plain; print(Plain(('compile', ('a', -0.0, 2**70, True, None, b'x'))).data.hex())"
     outputs = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed},
                               capture_output=True, text=True, check=True).stdout.strip() for seed in ("1", "2")}
     assert outputs == {keymod.Plain(("compile", ("a", -0.0, 2**70, True, None, b"x"))).data.hex()}
@@ -404,7 +404,7 @@ def _kernel_object(kind: str, values: tuple[Any, ...]) -> Any:
 
 
 def _hook_key(kind: str, values: tuple[Any, ...]) -> CacheKey:
-    from cute_diskcache.flashinfer_sites import hook
+    from cute_diskcache.core import hook
 
     return make_key(kind, site_key=("compile", "moe_dispatch.py:site", "site", ("args", hook.describe(_kernel_object(kind, values)))))
 
@@ -744,3 +744,12 @@ print("NOT_AN_ENV_READ")
 
     reads = ("MOE_AUTOTUNE", "LOCAL_RANK", "FLASHINFER_LOGLEVEL", "CUTE_DSL_OPT", "NOT_SET")
     assert keymod.keyed_env(reads, env, not_codegen=NOT_CODEGEN_ENV) == {"MOE_AUTOTUNE": "1"}
+
+
+def test_what_a_gpu_container_runtime_sets_is_no_key() -> None:
+    """The NVIDIA container runtime sets NVIDIA_VISIBLE_DEVICES (and the driver capabilities) in
+    every GPU pod; b12x's code reads it (a PCIe probe's report), so keying it made every b12x entry
+    prewarmed on a CPU box miss on the lent H100 (bench/results/gpu_proof_b12x_h100_before.json)."""
+    env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility", "CUFILE_ENV_PATH_JSON": "/etc/cufile.json",
+           "B12X_FAST_MATH": "1"}
+    assert keymod.keyed_env(tuple(env), env) == {"B12X_FAST_MATH": "1"}

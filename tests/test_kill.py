@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest, whatever p
 
 from conftest import PROBE_TIMEOUT_S, TARGET, child_env, split_stderr  # noqa: E402
 
-from cute_diskcache import entry, locking  # noqa: E402
-from cute_diskcache.key import CacheKey  # noqa: E402
-from cute_diskcache.store import Store  # noqa: E402
+from cute_diskcache.storage import entry, locking  # noqa: E402
+from cute_diskcache.keys.key import CacheKey  # noqa: E402
+from cute_diskcache.storage.store import Store  # noqa: E402
 
 if TYPE_CHECKING:
     from conftest import Warm
@@ -46,8 +46,8 @@ MAX_DELAY_S = 0.4
 COMMON = textwrap.dedent(
     '''
     import random
-    from cute_diskcache import entry
-    from cute_diskcache.key import CacheKey, Environment
+    from cute_diskcache.storage import entry
+    from cute_diskcache.keys.key import CacheKey, Environment
 
     def the_key():
         env = Environment(kind="flashinfer-moe", package="flashinfer-python==0.6.15.post1", sources="5" * 64,
@@ -73,7 +73,7 @@ DRIVER = COMMON + textwrap.dedent(
     '''
     import sys
     from pathlib import Path
-    from cute_diskcache.store import Store
+    from cute_diskcache.storage.store import Store
 
     root, seed = Path(sys.argv[1]), sys.argv[2]
     store, key = Store(root), the_key()

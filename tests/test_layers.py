@@ -21,9 +21,11 @@ from _helpers import flip_byte, make_artifact, make_key, payload_path  # noqa: E
 from _nobody import NOBODY, as_user, can_run_as_others  # noqa: E402
 from test_deploy_trust import fast_fsync, key, public  # noqa: E402,F401  (fixtures; fast_fsync is autouse)
 
-from cute_diskcache import cache, config, entry  # noqa: E402
-from cute_diskcache.key import CacheKey  # noqa: E402
-from cute_diskcache.store import Store  # noqa: E402
+from cute_diskcache import config  # noqa: E402
+from cute_diskcache.core import cache  # noqa: E402
+from cute_diskcache.storage import entry  # noqa: E402
+from cute_diskcache.keys.key import CacheKey  # noqa: E402
+from cute_diskcache.storage.store import Store  # noqa: E402
 
 BAKED = make_artifact((b"\x44" * 48,))
 FRESH = make_artifact((b"\x55" * 48,))
@@ -177,7 +179,7 @@ _ENGINE = """
 import sys
 sys.path.insert(0, sys.argv[1])
 from _helpers import make_artifact, make_key
-from cute_diskcache import cache, export
+from cute_diskcache.core import cache, export
 export.export = lambda *a, **kw: make_artifact()
 cache.CompileCache._load = lambda self, key, found: "loaded"
 c = cache.default_cache()
@@ -280,7 +282,7 @@ def test_layer_reached_through_a_link_is_the_operators_path(public: Path, volume
 def test_eviction_and_housekeeping_never_touch_a_layer(tmp_path: Path, key: CacheKey, monkeypatch: pytest.MonkeyPatch) -> None:
     """The size cap, LRU eviction and housekeeping act on the writable root only: a layer
     holding three entries keeps every file and every mtime while the root evicts down to its cap."""
-    from cute_diskcache import eviction, housekeeping
+    from cute_diskcache.storage import eviction, housekeeping
 
     layer = tmp_path / "layer"
     keys = [make_key(kind) for kind in ("micro", "static", "dynamic")]

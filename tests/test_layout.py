@@ -1,8 +1,8 @@
 """The package's layout holds: one home per mechanism, data flowing one way.
 
 Read from the source (no imports of flashinfer or the DSL): every setting is read through
-``config`` and listed in its table, no two modules import each other, and flashinfer's module
-names appear only in the adapter.
+``config`` and listed in its table, no two modules import each other, each folder imports only
+the layers below it, and flashinfer's module names appear only in the adapter.
 """
 
 from __future__ import annotations
@@ -124,3 +124,34 @@ def test_flashinfer_module_names_live_in_the_adapter() -> None:
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("flashinfer.") and node.level == 0:
                 outside.append((rel, node.module))
     assert not outside, outside
+
+
+#: Each folder may import the foundations at the root and the folders listed (issue 32 item 5:
+#: the folders are the layers). Adapters and the operator's side stand above the rest.
+FOUNDATIONS = {"config", "errors", "logsetup", "_version"}
+LAYERS = {
+    "keys": set(),
+    "storage": {"keys"},
+    "remote": {"keys", "storage"},
+    "core": {"keys", "storage", "remote"},
+}
+#: The one import from core/ into an adapter, until Site, Call and through_cache (library-neutral)
+#: leave flashinfer_sites/_common.py for core/.
+CORE_INTO_ADAPTER = {("cute_diskcache.core.hook", "cute_diskcache.flashinfer_sites._common")}
+
+
+def test_each_layer_imports_only_the_layers_below() -> None:
+    """keys/ stands on the foundations, storage/ on keys/, remote/ on storage/, core/ on all three;
+    neither they nor the adapters import cli/ or prewarm/ (the operator's side, on top, with the
+    doors at the root)."""
+    wrong = []
+    for me, deps in _imports().items():
+        mine = me.split(".")[1] if "." in me else ""
+        for dep in deps:
+            theirs = dep.split(".")[1] if "." in dep else ""
+            if theirs in ("cli", "prewarm") and mine in {*LAYERS, "flashinfer_sites", "b12x_sites"}:
+                wrong.append((me, dep))
+            elif mine in LAYERS and theirs != mine and theirs not in FOUNDATIONS | LAYERS[mine] \
+                    and (me, dep) not in CORE_INTO_ADAPTER:
+                wrong.append((me, dep))
+    assert not wrong, wrong

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
-from cute_diskcache import entry, export, loader
+from cute_diskcache.core import export
+from cute_diskcache.storage import entry, loader
 
 if TYPE_CHECKING:
     from conftest import Warm
@@ -95,7 +96,7 @@ def test_link_is_deterministic_and_refuses_quietly(warm_micro_root: Warm, tmp_pa
 
 
 _WITHOUT_TAP = (
-    "import runpy, cute_diskcache.export as e\n"
+    "import runpy, cute_diskcache.core.export as e\n"
     "e._install_tap = lambda: False  # a DSL whose provider is laid out otherwise\n"
     "runpy.run_module('cute_diskcache._probe', run_name='__main__', alter_sys=True)\n"
 )

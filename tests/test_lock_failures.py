@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _helpers import make_artifact, make_key  # noqa: E402
 
-from cute_diskcache import eviction, housekeeping, layout, locking, stats  # noqa: E402
-from cute_diskcache.store import Store  # noqa: E402
+from cute_diskcache.storage import eviction, housekeeping, layout, locking, stats  # noqa: E402
+from cute_diskcache.storage.store import Store  # noqa: E402
 
 DIGEST = "ab" + "cd" * 31
 REPO = Path(__file__).resolve().parents[1]
@@ -184,7 +184,7 @@ _STATS_WORKER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from cute_diskcache import stats
+    from cute_diskcache.storage import stats
     stats.bind(Path(sys.argv[1]))
     stats.record("ns-a", "hits")
     """
@@ -342,7 +342,7 @@ def test_fifo_planted_at_the_lock_path_is_not_waited_on(tmp_path: Path) -> None:
 def test_locking_needs_no_filelock(tmp_path: Path) -> None:
     """The lock is flock taken by the package itself: no filelock release can change it."""
     code = (
-        "import sys\nsys.modules['filelock'] = None\nfrom cute_diskcache import locking\n"
+        "import sys\nsys.modules['filelock'] = None\nfrom cute_diskcache.storage import locking\n"
         f"with locking.single_flight({str(tmp_path)!r}, {DIGEST!r}) as f:\n    print(f.outcome)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
@@ -362,7 +362,7 @@ def test_package_admits_no_filelock_that_follows_links() -> None:
 _FORKING_HOLDER = textwrap.dedent(
     """
     import os, sys, time
-    from cute_diskcache import locking
+    from cute_diskcache.storage import locking
     with locking.single_flight(sys.argv[1], sys.argv[2]) as f:
         assert f.outcome == "acquired"
         child = os.fork()

@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _helpers import make_artifact, make_key  # noqa: E402
 
 import cute_diskcache  # noqa: E402
-from cute_diskcache import cache as cachemod  # noqa: E402
-from cute_diskcache.store import Store  # noqa: E402
+from cute_diskcache.core import cache as cachemod  # noqa: E402
+from cute_diskcache.storage.store import Store  # noqa: E402
 
 
 SITE = "flashinfer.moe_dispatch.micro"

@@ -117,7 +117,7 @@ def test_missing_field_is_named(tmp_path: Path) -> None:
 
 
 def test_hf_repo_id_resolves_from_the_local_cache_offline(tmp_path: Path) -> None:
-    from cute_diskcache import models
+    from cute_diskcache.prewarm import models
 
     bundled = json.loads((Path(models.__file__).parent / "model_configs" / "qwen3-30b-a3b.json").read_text())
     hub = tmp_path / "hub"
@@ -127,7 +127,7 @@ def test_hf_repo_id_resolves_from_the_local_cache_offline(tmp_path: Path) -> Non
     (hub / "models--acme--moe-nvfp4" / "refs").mkdir()
     (hub / "models--acme--moe-nvfp4" / "refs" / "main").write_text("0" * 40)
     code = (
-        "from cute_diskcache import models; import json; "
+        "from cute_diskcache.prewarm import models; import json; "
         "print(json.dumps(models.moe_shape('acme/moe-nvfp4', tp=2).as_dict()))"
     )
     env = {**os.environ, "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
@@ -146,7 +146,7 @@ def test_hf_repo_id_resolves_from_the_local_cache_offline(tmp_path: Path) -> Non
     ],
 )
 def test_bundled_shapes(name: str, expected: tuple[Any, ...]) -> None:
-    from cute_diskcache import models
+    from cute_diskcache.prewarm import models
 
     s = models.moe_shape(name)
     assert (s.num_experts, s.top_k, s.hidden_size, s.intermediate_size, s.activation, s.swiglu_limit) == expected
@@ -188,7 +188,7 @@ def test_dense_layers_are_planned_apart_from_the_moe_kernels(tmp_path: Path) -> 
     ("qwen3-30b-a3b", 8, [("qkv_proj", 768, 2048), ("o_proj", 2048, 512)]),
 ])
 def test_dense_shapes_per_rank(name: str, tp: int, expected: list[tuple[str, int, int]]) -> None:
-    from cute_diskcache import models
+    from cute_diskcache.prewarm import models
 
     shape = models.dense_shape(name, tp=tp)
     assert [(lin.name, lin.n, lin.k) for lin in shape.linears] == expected
@@ -196,7 +196,7 @@ def test_dense_shapes_per_rank(name: str, tp: int, expected: list[tuple[str, int
 
 
 def test_dense_shapes_pad_to_32_and_skip_what_the_checkpoint_excludes(tmp_path: Path) -> None:
-    from cute_diskcache import models
+    from cute_diskcache.prewarm import models
 
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({

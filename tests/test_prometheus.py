@@ -13,8 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 
 from _helpers import make_artifact, make_key  # noqa: E402
 
-from cute_diskcache import cli, stats  # noqa: E402
-from cute_diskcache.store import Store  # noqa: E402
+from cute_diskcache import cli  # noqa: E402
+from cute_diskcache.storage import stats  # noqa: E402
+from cute_diskcache.storage.store import Store  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("isolated_stats")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from cute_diskcache import ranks
+from cute_diskcache.core import ranks
 
 
 def _leave(rank: int, size: int, group: str, delay: float, tmp: str, out: Any) -> None:

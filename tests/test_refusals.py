@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from cute_diskcache import activation, targets
+from cute_diskcache import activation
+from cute_diskcache.keys import targets
 
 
 def _run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:

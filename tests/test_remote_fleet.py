@@ -44,10 +44,10 @@ _NODE = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     from _helpers import make_artifact, make_key
-    from cute_diskcache import export
-    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.core import export
+    from cute_diskcache.core.cache import CompileCache
     from cute_diskcache.remote.client import RemoteCache
-    from cute_diskcache.store import Store
+    from cute_diskcache.storage.store import Store
     root, url, count_file, go = Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), Path(sys.argv[5])
     compile_s, ttl, lease_on = float(sys.argv[6]), float(sys.argv[7]), sys.argv[8] == "1"
     # The synthetic parts: what a compile exports, and loading a verified hit (no DSL here).
@@ -247,7 +247,7 @@ _FORK = textwrap.dedent(
     sys.path.insert(0, sys.argv[1])
     from _helpers import make_artifact, make_key
     from cute_diskcache.remote import client
-    from cute_diskcache.store import Store
+    from cute_diskcache.storage.store import Store
     url, tmp = sys.argv[2], Path(sys.argv[3])
     real = client.from_url
 
@@ -323,7 +323,7 @@ def _published(tmp: Path, url: str) -> tuple[Any, Path, Any]:
     from _helpers import make_artifact, make_key
 
     from cute_diskcache.remote.client import RemoteCache
-    from cute_diskcache.store import Store
+    from cute_diskcache.storage.store import Store
 
     key = make_key("micro")
     src = Store(tmp / "a", hmac_key=b"k")
@@ -335,9 +335,9 @@ def _published(tmp: Path, url: str) -> tuple[Any, Path, Any]:
 
 
 def test_remote_hit_fetches_what_it_loads(redis_db: Any, redis_url: str, tmp_path: Path) -> None:
-    from cute_diskcache import entry, ingest
+    from cute_diskcache.storage import entry, ingest
     from cute_diskcache.remote.client import RemoteCache
-    from cute_diskcache.store import Store
+    from cute_diskcache.storage.store import Store
 
     key, src, _ = _published(tmp_path, redis_url)
     (name,) = remote_names(redis_db)
@@ -361,7 +361,7 @@ def test_remote_hit_fetches_what_it_loads(redis_db: Any, redis_url: str, tmp_pat
 
 def test_entry_without_hit_value_still_hits(redis_db: Any, redis_url: str, tmp_path: Path) -> None:
     from cute_diskcache.remote.client import RemoteCache
-    from cute_diskcache.store import Store
+    from cute_diskcache.storage.store import Store
 
     key, _src, _ = _published(tmp_path, redis_url)
     (name,) = remote_names(redis_db)
@@ -376,9 +376,9 @@ def test_damaged_hit_value_falls_back_to_the_whole_entry(redis_db: Any, redis_ur
     """A ``.hit`` value whose payload does not match its manifest is never loaded: the whole entry is."""
     import msgpack
 
-    from cute_diskcache import entry
+    from cute_diskcache.storage import entry
     from cute_diskcache.remote.client import RemoteCache
-    from cute_diskcache.store import Store
+    from cute_diskcache.storage.store import Store
 
     key, src, _ = _published(tmp_path, redis_url)
     (name,) = remote_names(redis_db)
@@ -403,10 +403,10 @@ def test_holder_whose_compile_fails_lets_a_waiter_compile_at_once(redis_db: Any,
 
     from _helpers import make_artifact, make_key
 
-    from cute_diskcache import export
-    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.core import export
+    from cute_diskcache.core.cache import CompileCache
     from cute_diskcache.remote.client import RemoteCache
-    from cute_diskcache.store import Store
+    from cute_diskcache.storage.store import Store
 
     monkeypatch.setattr(export, "export", lambda kernel, digest, seconds, extra, device, **kw: make_artifact())
     monkeypatch.setattr(CompileCache, "_load", lambda self, key, found: "loaded")
@@ -447,8 +447,8 @@ def _synthetic(monkeypatch: pytest.MonkeyPatch) -> None:
     """What a compile exports and loading a verified hit, without the DSL (the rest is real)."""
     from _helpers import make_artifact
 
-    from cute_diskcache import export
-    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.core import export
+    from cute_diskcache.core.cache import CompileCache
 
     monkeypatch.setattr(export, "export", lambda kernel, digest, seconds, extra, device, **kw: make_artifact())
     monkeypatch.setattr(CompileCache, "_load", lambda self, key, found: "loaded")
@@ -462,10 +462,10 @@ def test_lease_taken_then_a_failed_check_is_still_released(redis_db: Any, redis_
     and every other node waited out its whole budget."""
     from _helpers import make_key
 
-    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.core.cache import CompileCache
     from cute_diskcache.remote.client import RemoteCache
     from cute_diskcache.remote.redis_backend import RedisBackend
-    from cute_diskcache.store import Store
+    from cute_diskcache.storage.store import Store
 
     _synthetic(monkeypatch)
     ttl = 1.5
@@ -526,7 +526,7 @@ def test_s3_409_conflict_is_a_held_lease_not_a_dead_remote(s3_env: Any, tmp_path
     from cute_diskcache.remote import lease
     from cute_diskcache.remote.client import RemoteCache
     from cute_diskcache.remote.fsspec_backend import FsspecBackend
-    from cute_diskcache.store import Store
+    from cute_diskcache.storage.store import Store
 
     _endpoint, _client, url, aws = s3_env
     os.environ.update(aws)
@@ -596,10 +596,10 @@ def test_one_bound_for_the_local_lock_and_the_fleet_lease(redis_db: Any, redis_u
 
     from _helpers import make_key
 
-    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.core.cache import CompileCache
     from cute_diskcache.remote import lease
     from cute_diskcache.remote.client import RemoteCache
-    from cute_diskcache.store import Store
+    from cute_diskcache.storage.store import Store
 
     _synthetic(monkeypatch)
     bound, compile_s = 2.0, 3.0

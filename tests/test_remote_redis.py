@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 from _helpers import make_artifact, make_key  # noqa: E402
 from _servers import HungServer, free_port  # noqa: E402
 
-from cute_diskcache import entry, ingest  # noqa: E402
+from cute_diskcache.storage import entry, ingest  # noqa: E402
 from cute_diskcache.remote import blob  # noqa: E402
 from cute_diskcache.remote.client import RemoteCache  # noqa: E402
-from cute_diskcache.store import Store  # noqa: E402
+from cute_diskcache.storage.store import Store  # noqa: E402
 
 if TYPE_CHECKING:
     from conftest import Warm
@@ -251,7 +251,7 @@ _PUBLISHER = textwrap.dedent(
     sys.path.insert(0, sys.argv[4])
     from _helpers import make_key
     from cute_diskcache.remote.client import RemoteCache
-    from cute_diskcache.store import Store
+    from cute_diskcache.storage.store import Store
     root, url, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
     key = make_key("micro")
     rc = RemoteCache(url, timeout=5)

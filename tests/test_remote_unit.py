@@ -23,13 +23,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 
 from _helpers import make_artifact, make_env, make_key  # noqa: E402
 
-from cute_diskcache import cli, config, entry, ingest, layout  # noqa: E402
-from cute_diskcache.key import CacheKey  # noqa: E402
+from cute_diskcache import cli, config  # noqa: E402
+from cute_diskcache.storage import entry, ingest, layout  # noqa: E402
+from cute_diskcache.keys.key import CacheKey  # noqa: E402
 from cute_diskcache.remote import RemoteError, blob, from_url, redact  # noqa: E402
 from cute_diskcache.remote.breaker import Breaker  # noqa: E402
 from cute_diskcache.remote.client import RemoteCache  # noqa: E402
 from cute_diskcache.remote.publisher import Publisher  # noqa: E402
-from cute_diskcache.store import Store  # noqa: E402
+from cute_diskcache.storage.store import Store  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("isolated_stats")
 
@@ -276,8 +277,8 @@ def test_node_with_another_signing_key_leaves_the_fleets_entry_alone(tmp_path: P
     K2. It misses (another key's entry is never loaded) and compiles, and the fleet's entry stays:
     the local rule, where a badly signed entry is not damage. Before, its publish replaced the
     fleet's entry and the next correct node compiled again."""
-    from cute_diskcache import export
-    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.core import export
+    from cute_diskcache.core.cache import CompileCache
 
     monkeypatch.setattr(export, "export", lambda kernel, digest, seconds, extra, device, **kw: make_artifact())
     monkeypatch.setattr(CompileCache, "_load", lambda self, key, found: "loaded")
@@ -385,8 +386,8 @@ def test_no_client_code_loads_until_a_local_miss(remote: str | None, tmp_path: P
     import subprocess
 
     code = (
-        "import sys, cute_diskcache.cache as c; cache = c.default_cache();"
-        "print(type(cache.remote).__name__, sorted(m for m in ('redis', 'fsspec', 'cute_diskcache.remote.client', 'cute_diskcache.bundle') "
+        "import sys, cute_diskcache.core.cache as c; cache = c.default_cache();"
+        "print(type(cache.remote).__name__, sorted(m for m in ('redis', 'fsspec', 'cute_diskcache.remote.client', 'cute_diskcache.storage.bundle') "
         "if m in sys.modules))"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_DISKCACHE_")}
@@ -405,7 +406,7 @@ def test_remote_without_a_signing_key_fails_closed(opt_in: bool, tmp_path: Path)
     operator opts in to unsigned entries (then one warning saying so)."""
     import subprocess
 
-    code = "import cute_diskcache.cache as c; print(type(c.default_cache().remote).__name__)"
+    code = "import cute_diskcache.core.cache as c; print(type(c.default_cache().remote).__name__)"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_DISKCACHE_")}
     env.update(CUTE_DISKCACHE_DIR=str(tmp_path), CUTE_DISKCACHE_REMOTE=(tmp_path / "shared").as_uri())
     if opt_in:

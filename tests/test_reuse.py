@@ -1,4 +1,4 @@
-"""Issue 31: entries that survive a flashinfer upgrade (cute_diskcache.reuse).
+"""Issue 31: entries that survive a flashinfer upgrade (cute_diskcache.storage.reuse).
 
 A cache filled by flashinfer 0.6.15.post1 (this venv) and then used by 0.6.16.post4 (the version
 matrix's cell ``fi0.6.16.post4-dsl4.8.1``, same DSL stack, run with this checkout on its path):
@@ -80,7 +80,7 @@ def _entry(root: Path, digest: str) -> Path:
 
 
 def _manifest(entry_dir: Path) -> dict[str, Any]:
-    from cute_diskcache import entry
+    from cute_diskcache.storage import entry
 
     return entry.read_manifest(entry_dir)
 

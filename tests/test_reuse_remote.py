@@ -90,8 +90,8 @@ def test_a_record_signed_with_another_key_is_not_followed(fleet: dict[str, Any],
 
 
 def test_sealed_record_opens_only_for_its_k2_and_key() -> None:
-    from cute_diskcache import reuse
-    from cute_diskcache.key import CacheKey, Environment
+    from cute_diskcache.storage import reuse
+    from cute_diskcache.keys.key import CacheKey, Environment
 
     key = CacheKey(Environment(kind="flashinfer-moe", package="flashinfer-python==1", sources="s", arch="sm_120a"), "site", (1,))
     k2, other = "a" * 64, "b" * 64
@@ -132,9 +132,9 @@ def test_records_of_one_release_are_no_reason_to_trace(tmp_path: Path) -> None:
     in its own namespace, and none of them makes the other's misses trace (the last CI run on
     6f2bc48: the dense GEMMs of qwen3-30b-a3b on 0.7.4 traced after the MoE kernels' commits);
     a record of another release does."""
-    from cute_diskcache import reuse
-    from cute_diskcache.key import CacheKey, Environment
-    from cute_diskcache.store import Store
+    from cute_diskcache.storage import reuse
+    from cute_diskcache.keys.key import CacheKey, Environment
+    from cute_diskcache.storage.store import Store
 
     store = Store(tmp_path / "root")
     store.probe_writable()

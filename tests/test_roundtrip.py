@@ -8,6 +8,7 @@ that refuses with the same text has the same ABI as the one that was compiled.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -44,6 +45,15 @@ def _assert_warm(warm: dict[str, Any], cold: dict[str, Any], hits: int) -> None:
     assert [(e[0], e[1]) for e in warm["events"]] == [(e[0], e[1]) for e in cold["events"]]
     assert all(e[2] == "hit" and e[3] > 0 for e in warm["events"])
     assert warm["stderr"] == ""
+
+
+def test_an_entry_names_no_module_of_ours(warm_micro_root: Warm, list_manifests: Callable[[Path], list[Path]]) -> None:
+    """An entry written before a move of our modules (issue 32 item 5 put them in folders) must
+    still hit after it: neither its key nor its manifest may name where our code lives (a module
+    name, a file path). The writer's version ("cute-diskcache 0.1.0") is the one mention of us,
+    and it is in no key."""
+    (manifest,) = list_manifests(warm_micro_root.root)
+    assert re.findall(rb"cute_diskcache[\w./]*", manifest.read_bytes()) == []
 
 
 def test_cold_process_compiles_and_writes_one_entry(warm_micro_root: Warm, list_manifests: Callable[[Path], list[Path]]) -> None:
@@ -105,7 +115,7 @@ def test_a_switch_flashinfer_reads_is_keyed(micro_copy: Warm, probe: Callable[..
     """Issue 15, item 16: the modules moe_dispatch reaches read FLASHINFER_B12X_MICRO_SHARE_INPUT
     (at import). A value constant in a process needs no place in flashinfer's in-process key, but
     a disk cache shared across processes must hold it: flipping it is another entry, not a hit."""
-    from cute_diskcache import entry
+    from cute_diskcache.storage import entry
 
     root, cold = micro_copy
     flipped = probe(root, 1, extra_env={"FLASHINFER_B12X_MICRO_SHARE_INPUT": "1"})

@@ -19,8 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 
 from _helpers import make_artifact, make_key  # noqa: E402
 
-from cute_diskcache import config, entry  # noqa: E402
-from cute_diskcache.store import Store  # noqa: E402
+from cute_diskcache import config  # noqa: E402
+from cute_diskcache.storage import entry  # noqa: E402
+from cute_diskcache.storage.store import Store  # noqa: E402
 
 SECONDS = {  # variable -> (Settings field, default)
     "CUTE_DISKCACHE_LOCK_TIMEOUT": ("lock_timeout", 300.0),
@@ -183,8 +184,8 @@ def test_junk_trust_group_trusts_no_group_with_one_warning(monkeypatch: pytest.M
     (a traceback in ``stats``, no attach); 20 digits raised OverflowError from chown out of a
     compile into flashinfer's call; 4294967295 is ``(gid_t)-1``, which chown reads as "no
     change", and the root was refused afterwards. Each is junk: no group, one warning, the cache works."""
-    from cute_diskcache import export
-    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.core import export
+    from cute_diskcache.core.cache import CompileCache
 
     monkeypatch.setenv("CUTE_DISKCACHE_TRUST_GROUP", raw)
     monkeypatch.setenv("CUTE_DISKCACHE_DIR", str(tmp_path / "cache"))

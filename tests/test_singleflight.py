@@ -9,7 +9,7 @@ The races pinned down here, each with real processes:
 * a holder that never lets go: after ``CUTE_DISKCACHE_LOCK_TIMEOUT`` one warning, then compile;
 * a store that cannot write never takes a lock.
 
-The module-level unit tests drive :mod:`cute_diskcache.locking` directly (no flashinfer).
+The module-level unit tests drive :mod:`cute_diskcache.storage.locking` directly (no flashinfer).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers / conftest,
 from _helpers import make_artifact, make_key  # noqa: E402
 from conftest import PROBE_TIMEOUT_S, TARGET, child_env, split_stderr  # noqa: E402
 
-from cute_diskcache import locking  # noqa: E402
-from cute_diskcache.store import Store  # noqa: E402
+from cute_diskcache.storage import locking  # noqa: E402
+from cute_diskcache.storage.store import Store  # noqa: E402
 
 if TYPE_CHECKING:
     from conftest import Warm
@@ -240,7 +240,7 @@ def test_detected_read_only_root_takes_no_lock(tmp_path: Path) -> None:
         import sys
         sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})
         from _helpers import make_artifact, make_key
-        from cute_diskcache.store import Store
+        from cute_diskcache.storage.store import Store
         store = Store({str(root)!r})
         key = make_key("micro")
         assert store.lookup_or_quarantine(key) is None and store.writable  # reading warns about nothing
@@ -344,7 +344,7 @@ def test_full_disk_lock_means_no_lock(tmp_path: Path, monkeypatch: pytest.Monkey
 def _holder(root: Path, digest: str) -> subprocess.Popen[str]:
     """A process that takes ``digest``'s lock, says so, and sleeps holding it."""
     code = (
-        "import time\nfrom cute_diskcache import locking\n"
+        "import time\nfrom cute_diskcache.storage import locking\n"
         f"with locking.single_flight({str(root)!r}, {digest!r}) as f:\n    print(f.outcome, flush=True)\n    time.sleep(600)"
     )
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

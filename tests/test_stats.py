@@ -12,13 +12,13 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from cute_diskcache import stats
+from cute_diskcache.storage import stats
 
 _WORKER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from cute_diskcache import stats
+    from cute_diskcache.storage import stats
     stats.bind(Path(sys.argv[1]))
     for _ in range(int(sys.argv[2])):
         stats.record("ns-a", "hits")
@@ -86,7 +86,7 @@ def test_hit_path_recording_is_cheap(tmp_path: Path) -> None:
 
 
 def test_unbound_process_writes_nothing(tmp_path: Path) -> None:
-    code = "from cute_diskcache import stats; stats.record('ns', 'hits')"
+    code = "from cute_diskcache.storage import stats; stats.record('ns', 'hits')"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=tmp_path, env={**os.environ, "HOME": str(tmp_path)})
     assert not [p for p in tmp_path.rglob("*") if p.is_file()]
 
@@ -99,7 +99,7 @@ _FORKING = textwrap.dedent(
     """
     import os, sys, threading
     from pathlib import Path
-    from cute_diskcache import stats
+    from cute_diskcache.storage import stats
     stats.bind(Path(sys.argv[1]))
     for _ in range(5):
         stats.record("ns", "hits")
@@ -145,7 +145,7 @@ def test_liveness_is_the_files_lock_not_the_pid_or_host(tmp_path: Path) -> None:
         """
         import sys, time
         from pathlib import Path
-        from cute_diskcache import stats
+        from cute_diskcache.storage import stats
         stats.bind(Path(sys.argv[1])); stats.record("ns", "hits", 3)
         print("ready", flush=True); sys.stdin.readline()
         """

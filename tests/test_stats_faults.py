@@ -19,7 +19,7 @@ from typing import Iterator
 
 import pytest
 
-from cute_diskcache import stats
+from cute_diskcache.storage import stats
 
 # -- a volume that fills (item 2) ---------------------------------------------------------------
 
@@ -27,7 +27,7 @@ _RECORDER = textwrap.dedent(
     """
     import logging, sys
     from pathlib import Path
-    from cute_diskcache import stats
+    from cute_diskcache.storage import stats
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     stats.bind(Path(sys.argv[1]))
     n = int(sys.argv[2])
@@ -145,7 +145,7 @@ _FOLDER = textwrap.dedent(
     """
     import os, sys
     from pathlib import Path
-    from cute_diskcache import stats
+    from cute_diskcache.storage import stats
     root, kill_at = Path(sys.argv[1]), int(sys.argv[2])
     calls = 0
 

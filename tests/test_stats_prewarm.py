@@ -21,9 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 
 from _helpers import make_artifact, make_key  # noqa: E402
 
-from cute_diskcache import cli, export, stats  # noqa: E402
-from cute_diskcache.cache import CompileCache  # noqa: E402
-from cute_diskcache.store import Store  # noqa: E402
+from cute_diskcache import cli  # noqa: E402
+from cute_diskcache.core import export  # noqa: E402
+from cute_diskcache.storage import stats  # noqa: E402
+from cute_diskcache.core.cache import CompileCache  # noqa: E402
+from cute_diskcache.storage.store import Store  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("isolated_stats")
 

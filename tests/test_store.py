@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 
 from _helpers import flip_byte, make_artifact, make_key, payload_path, rewrite_manifest  # noqa: E402
 
-from cute_diskcache import entry  # noqa: E402
-from cute_diskcache.key import CacheKey  # noqa: E402
-from cute_diskcache.store import Store  # noqa: E402
+from cute_diskcache.storage import entry  # noqa: E402
+from cute_diskcache.keys.key import CacheKey  # noqa: E402
+from cute_diskcache.storage.store import Store  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -340,7 +340,7 @@ def test_directory_vanishing_mid_commit_does_not_turn_writes_off(
 ) -> None:
     """rm -rf (or an eviction of the whole namespace) between mkdir and the write: old code took
     the ENOENT for a broken disk and stopped writing for the rest of the process."""
-    from cute_diskcache import trust
+    from cute_diskcache.storage import trust
 
     real = trust.make_dirs
     fired: list[bool] = []
@@ -368,7 +368,7 @@ def _other_cpu(path: Path, manifest: dict[str, Any]) -> None:
 
 
 def _other_device(path: Path, manifest: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    from cute_diskcache import devicefacts
+    from cute_diskcache.keys import devicefacts
 
     rewrite_manifest(path, {**manifest, "device": {"source": "profile:x", "name": "x", "facts": {"multiprocessor_count": 170}}})
     monkeypatch.setattr(devicefacts, "mismatch", lambda record: "multiprocessor_count: built against 170, this device has 188")
@@ -381,7 +381,7 @@ def test_refused_entry_that_is_sound_is_never_quarantined(
     """On a shared volume one odd node (another CPU, another device variant, a DSL that cannot
     load the object) moved aside every entry it touched; nodes with different CPUs quarantined
     each other's entries. Now it is a miss for that process and the entry stays."""
-    from cute_diskcache.cache import CompileCache
+    from cute_diskcache.core.cache import CompileCache
 
     manifest = store.commit(key, art)
     assert manifest is not None
@@ -391,7 +391,7 @@ def test_refused_entry_that_is_sound_is_never_quarantined(
     elif refusal == "device":
         _other_device(path, manifest, monkeypatch)
     else:
-        from cute_diskcache import loader
+        from cute_diskcache.storage import loader
 
         refuse = lambda *a: (_ for _ in ()).throw(RuntimeError("Symbols not found: CuteDSLRT_x"))  # noqa: E731
         monkeypatch.setattr(loader, "load_object", refuse)

@@ -1,4 +1,4 @@
-"""cute_diskcache.trace: a kernel's traced IR without lowering it (issue 31, groundwork).
+"""cute_diskcache.keys.trace: a kernel's traced IR without lowering it (issue 31, groundwork).
 
 Real DSL, real flashinfer, each case in a fresh process (tests/trace_driver.py). What must hold
 for a second-stage key to be sound:

@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _helpers, whatever p
 
 from _helpers import make_artifact, make_key, payload_path  # noqa: E402
 
-from cute_diskcache import entry, trust  # noqa: E402
-from cute_diskcache.key import CacheKey  # noqa: E402
-from cute_diskcache.store import Store  # noqa: E402
+from cute_diskcache.storage import entry, trust  # noqa: E402
+from cute_diskcache.keys.key import CacheKey  # noqa: E402
+from cute_diskcache.storage.store import Store  # noqa: E402
 
 if TYPE_CHECKING:
     from conftest import Warm

@@ -92,7 +92,7 @@ def _package(python: Path, cwd: Path) -> Path:
 
 
 def _doctor(python: Path, tmp_path: Path, front: Path, *args: str) -> dict[str, Any]:
-    return json.loads(_run(python, ["-m", "cute_diskcache.doctor", "--json", *args], tmp_path, front).stdout)
+    return json.loads(_run(python, ["-m", "cute_diskcache.cli.doctor", "--json", *args], tmp_path, front).stdout)
 
 
 UNVERIFIED_LINE = "flashinfer 0.7.3 is not a release the compatibility matrix proved"
@@ -134,7 +134,7 @@ def test_unverified_release_is_cached_like_a_verified_one(python: Path, as_073: 
     status = {(s["file"], s["function"]): s["status"] for s in report["sites"]}
     assert report["missing_adapter_sites"] == []
     assert {where: status.get(where) for where in rows} == dict.fromkeys(rows, "cute-diskcache")
-    text = _run(python, ["-m", "cute_diskcache.doctor"], tmp_path, as_073).stdout
+    text = _run(python, ["-m", "cute_diskcache.cli.doctor"], tmp_path, as_073).stdout
     assert f"NOT verified (verified: {', '.join(report['verified_releases'])}); its sites are served all the same" in text
 
 
@@ -188,6 +188,6 @@ def test_a_site_moved_where_no_row_looks_is_left_to_flashinfer_and_doctor_says_s
     assert status == {"_get_static_kernel": "cute-diskcache", "_get_dynamic_kernel": "cute-diskcache",
                       "_get_micro_kernel_v2": "flashinfer"}
     assert report["missing_adapter_sites"] == []
-    proc = _run(python, ["-m", "cute_diskcache.doctor", "--strict"], tmp_path, as_073, rc=1,
+    proc = _run(python, ["-m", "cute_diskcache.cli.doctor", "--strict"], tmp_path, as_073, rc=1,
                 FLASHINFER_CUTE_DSL_DISABLE_CACHE="1")
     assert re.search(r"nothing +fused_moe/cute_dsl/blackwell_sm12x/moe_dispatch.py:_get_micro_kernel_v2", proc.stdout)

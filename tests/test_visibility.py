@@ -140,8 +140,8 @@ def test_log_level_off_says_nothing_even_when_compiling(micro_copy: Any, compile
 def test_attach_line_says_read_only_for_a_root_it_cannot_create(tmp_path: Path) -> None:
     """A root not made yet on a read-only mount was announced "writable", then the first miss
     warned that it could not write: the attach line asks the nearest existing level."""
-    from cute_diskcache import report
-    from cute_diskcache.store import Store
+    from cute_diskcache.core import report
+    from cute_diskcache.storage.store import Store
 
     ro = tmp_path / "ro"
     ro.mkdir()

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from cute_diskcache import models
+from cute_diskcache.prewarm import models
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _compat, whatever pytest's import mode
 from _compat import REPO, SCRATCH, matrix  # noqa: E402
@@ -57,7 +57,7 @@ FROM_MOE_CONFIG = {
     "self.max_num_tokens": "moe_config.max_num_tokens",
     "self.num_local_experts": "moe_config.num_local_experts",
 }
-#: Activations prewarm's model reader produces (cute_diskcache.models.moe_shape).
+#: Activations prewarm's model reader produces (cute_diskcache.prewarm.models.moe_shape).
 PREWARM_ACTIVATIONS = {"silu", "gelu_tanh", "relu2", "swigluoai_uninterleave"}
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from cute_diskcache import layout
+from cute_diskcache.storage import layout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import child_env, split_stderr  # noqa: E402
@@ -117,7 +117,7 @@ def test_a_wrapper_keeps_watching_after_the_cache_detaches(vllm_python: Path, co
 
 
 def test_jit_monitor_source_still_wraps_cute_compile_as_front_assumes(vllm_python: Path) -> None:
-    """What :mod:`cute_diskcache.front` relies on: vLLM assigns a wrapper that calls what it wrapped."""
+    """What :mod:`cute_diskcache.core.front` relies on: vLLM assigns a wrapper that calls what it wrapped."""
     code = "import inspect, vllm.utils.jit_monitor as j; print(inspect.getsource(j._setup_cutedsl_jit_hook)); print(inspect.getsource(j._MonitoredCuteCompile))"
     src = subprocess.run([str(vllm_python), "-c", code], capture_output=True, text=True, timeout=300, cwd="/").stdout
     assert "cute.compile = _MonitoredCuteCompile(cute.compile)" in src

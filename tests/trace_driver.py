@@ -61,7 +61,7 @@ def _dsl_state() -> list[Any]:
 def _raw_settings() -> str:
     from cutlass.cutlass_dsl import CuTeDSL
 
-    from cute_diskcache import trace
+    from cute_diskcache.keys import trace
 
     return trace._raw_settings(CuTeDSL._get_dsl())
 
@@ -72,7 +72,7 @@ def tiny(dir_a: Path, dir_b: Path) -> dict[str, Any]:
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_fake_compact_tensor
 
-    from cute_diskcache import trace
+    from cute_diskcache.keys import trace
 
     a, b = _load(dir_a / "tiny_kernel.py", "tiny_a"), _load(dir_b / "tiny_kernel.py", "tiny_b")
     x = make_fake_compact_tensor(cutlass.Float32, (32,))
@@ -166,7 +166,8 @@ def flashinfer_kernels(kernels: list[str], order: list[str]) -> dict[str, Any]:
     import cute_diskcache
 
     cute_diskcache.install(target="rtx-pro-6000")
-    from cute_diskcache import export, trace
+    from cute_diskcache.core import export
+    from cute_diskcache.keys import trace
 
     out: dict[str, Any] = {}
     for name, real, args, kwargs in _capture(kernels):

@@ -78,7 +78,8 @@ def experts(model: str, tp: int, max_num_tokens: int) -> dict[str, Any]:
         FusedMoEConfig, FusedMoEParallelConfig, RoutingMethodType, nvfp4_moe_quant_config)
     from vllm.model_executor.layers.fused_moe.experts.flashinfer_b12x_moe import FlashInferB12xExperts
 
-    from cute_diskcache import models, prewarm
+    from cute_diskcache import prewarm
+    from cute_diskcache.prewarm import models
 
     full = models.moe_shape(model, tp=1)  # what the checkpoint says; vLLM splits it by TP itself
     passed: list[dict[str, Any]] = []

@@ -19,8 +19,8 @@ after the subcommand, and ``--version`` prints the versions that key the cache:
 
 Each command group is one module (:mod:`.warm`, :mod:`.statistics`, :mod:`.entries`, :mod:`.cleanup`,
 :mod:`.transfer`, :mod:`.about`) that parses, calls the library and prints; the policy lives in
-the library (:mod:`~cute_diskcache.inventory`, :mod:`~cute_diskcache.staleness`,
-:mod:`~cute_diskcache.housekeeping`...).
+the library (:mod:`~cute_diskcache.cli.inventory`, :mod:`~cute_diskcache.storage.staleness`,
+:mod:`~cute_diskcache.storage.housekeeping`...).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import os
 import sys
 from typing import Callable
 
-from .. import inventory
-from ..gpu import arch_runs_on
-from ..layout import ROOT_DIRS
+from . import inventory
+from .gpu import arch_runs_on
+from ..storage.layout import ROOT_DIRS
 from . import about, check, cleanup, entries, statistics, transfer, warm
 from .common import CliError, global_options, parse_duration
 from .output import print_json_error
@@ -103,7 +103,7 @@ def _setup_logging(verbose: int) -> logging.Handler | None:
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """Refusals of what the user asked for: exit 2, one line."""
-    from ..targets import ProfileRefused, UnknownProfileError
+    from ..keys.targets import ProfileRefused, UnknownProfileError
 
     return (CliError, inventory.Refused, UnknownProfileError, ProfileRefused)
 

@@ -9,7 +9,9 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from .. import config, demo, targets
+from .. import config
+from . import demo
+from ..keys import targets
 from .common import Add, CliError, root_of
 from .output import fmt_s, print_json
 
@@ -29,7 +31,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "signing": "on (CUTE_DISKCACHE_HMAC_KEY set)" if s.hmac_key else "off",
     }
     try:
-        from ..key import codegen_env, dsl_stack_string
+        from ..keys.key import codegen_env, dsl_stack_string
 
         info["dsl"] = dsl_stack_string()
         info["codegen_env"] = codegen_env()
@@ -57,7 +59,7 @@ def _words(value: Any) -> str:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .. import doctor
+    from . import doctor
 
     return doctor.main((["--json"] if args.json else []) + (["--strict"] if args.strict else []) + (["--all"] if args.all else []))
 

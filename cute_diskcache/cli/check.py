@@ -2,15 +2,19 @@
 
 Plans the model exactly as ``prewarm --dry-run`` does (the same flags, the same code:
 :func:`~cute_diskcache.prewarm.plan_model`), then asks for each planned kernel what a serving
-process here would find (:func:`~cute_diskcache.coverage.inspect`: trust, seal, signature, key,
+process here would find (:func:`~cute_diskcache.cli.coverage.inspect`: trust, seal, signature, key,
 arch, environment, host CPU, device facts, checksums, and the site's check of the entry's side
 data, the one judgement a hit applies), reading only. Exit 0 when every kernel
 would be a hit; 1 with a table of what is missing or unusable and why; 2 when the model or the
 flags cannot be planned. The planning imports flashinfer and drives it in this process with the
 cache read-only (``CUTE_DISKCACHE_READONLY``), so not even a statistics file is written.
 
+``--linear-backend b12x`` (prewarm's flag) judges the b12x package's linear kernels instead, as
+``prewarm --linear-backend b12x`` plans them (:func:`..prewarm.b12x.requests`), in the interpreter
+that has b12x.
+
 A target whose card is served from another machine (``--target dgx-spark`` on an x86 box) is
-answered for that machine: the keys name its namespaces (:mod:`..hostmachine`), so a CI job can
+answered for that machine: the keys name its namespaces (:mod:`..keys.hostmachine`), so a CI job can
 gate a Spark image without a Spark. The host CPU's extensions are then not compared (this CPU
 is not the serving one); everything else is.
 """
@@ -22,9 +26,12 @@ import contextlib
 import os
 import shlex
 import sys
+from pathlib import Path
 from typing import Any, Iterator
 
-from .. import config, coverage, hostmachine, prewarm
+from .. import config, prewarm
+from . import coverage
+from ..keys import hostmachine
 from .common import Add, CliError, root_of
 from .output import print_json, table
 
@@ -33,7 +40,7 @@ from .output import print_json, table
 def _read_only_settings(root: str) -> Iterator[None]:
     """The settings a serving process would read, pointed at ``root``, with writes off (the
     planning attaches the cache as an engine does: it must not make a statistics file)."""
-    from ..cache import reset_default_cache
+    from ..core.cache import reset_default_cache
 
     names = ("CUTE_DISKCACHE_DIR", config.env_name("readonly"))
     saved = {n: os.environ.get(n) for n in names}
@@ -51,9 +58,11 @@ def _read_only_settings(root: str) -> Iterator[None]:
 
 
 def _where(k: prewarm.Kernel, dense: Any) -> str:
-    """The batch sizes (MoE) or the layer call (dense) that request a kernel."""
+    """The batch sizes (MoE) or the layer call (dense, b12x) that request a kernel."""
     ms = sorted(set(k.ms))
     span = f"m {ms[0]}" if len(ms) == 1 else f"m {ms[0]}..{ms[-1]} ({len(ms)})"
+    if k.group == "b12x" and k.call:  # b12x's job: a linear layer's shape and its row capacity
+        return f"{span} {k.call['linear']} {k.call['n']}x{k.call['k']} rows {k.call['capacity']}"
     if k.group == "dense" and k.call and dense is not None:
         lin = dense.linears[int(k.call["linear"])]
         tactic = k.call.get("tactic")
@@ -63,7 +72,7 @@ def _where(k: prewarm.Kernel, dense: Any) -> str:
 
 def judge(kernels: dict[str, prewarm.Kernel], dense: Any = None) -> list[dict[str, Any]]:
     """One row per planned kernel: what a serving process on this host would find."""
-    from ..cache import default_cache
+    from ..core.cache import default_cache
 
     store = default_cache().store
     rows = []
@@ -82,8 +91,8 @@ def judge(kernels: dict[str, prewarm.Kernel], dense: Any = None) -> list[dict[st
     return rows
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    root, source = root_of(args)
+def _plan_flashinfer(args: argparse.Namespace, root: Path) -> tuple[str, list[str], list[dict[str, Any]]]:
+    """(model, notes, judged rows) of flashinfer's plan: its MoE and dense kernels."""
     try:
         shape, dense, notes, ms = prewarm.resolve(args)
     except prewarm.PlanRefused as exc:
@@ -100,12 +109,46 @@ def cmd_check(args: argparse.Namespace) -> int:
         except prewarm.PlanRefused as exc:
             raise CliError(str(exc)) from None
         rows = judge(kernels, dense)
+    return (shape or dense).model, notes, rows
+
+
+def _plan_b12x(args: argparse.Namespace, root: Path) -> tuple[str, list[str], list[dict[str, Any]]]:
+    """(model, notes, judged rows) of ``--linear-backend b12x``: the kernels of b12x's jobs as
+    ``prewarm --linear-backend b12x`` plans them (:func:`..prewarm.b12x.requests`)."""
+    from ..prewarm import b12x as prewarm_b12x
+    from ..b12x_sites import adapter
+
+    try:
+        dense, counts = prewarm_b12x.resolve(args)
+    except prewarm_b12x.Refused as exc:
+        raise CliError(str(exc)) from None
+    if adapter.left_to_b12x():
+        raise CliError(f"{config.env_name('native_sites')} names b12x: b12x's kernels are kept by b12x's own disk "
+                       "cache, which check does not judge")
+    kernels: dict[str, prewarm.Kernel] = {}
+    with _read_only_settings(str(root)):
+        for job, requests in prewarm_b12x.requests(args, dense, counts):
+            for r in requests:
+                call = {"linear": job.linear, "n": job.n, "k": job.k, "capacity": job.capacity}
+                k = kernels.setdefault(r["digest"], prewarm.Kernel(r["digest"], r["site"].removeprefix("b12x."), key=r["key"],
+                                                                   group="b12x", call=call, extra_ok=r["extra_ok"]))
+                k.ms.extend(job.ms)
+        if not kernels:
+            raise CliError(f"b12x requested no kernel cute-diskcache covers for {dense.model}; nothing to check")
+        rows = judge(kernels)
+    return dense.model, [], rows
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    root, source = root_of(args)
+    plan = _plan_b12x if getattr(args, "linear_backend", "flashinfer") == "b12x" else _plan_flashinfer
+    model, notes, rows = plan(args, root)
     bad = [r for r in rows if r["status"] != coverage.OK]
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in (coverage.OK, coverage.MISSING, coverage.UNUSABLE)}
     lacks = sorted({f for r in rows for f in r["cpu_lacks"]})
-    model = (shape or dense).model
     if args.json:
-        print_json({"root": str(root), "root_source": source, "model": model, "target": args.target, "notes": notes,
+        print_json({"root": str(root), "root_source": source, "model": model, "target": args.target,
+                    "linear_backend": getattr(args, "linear_backend", "flashinfer"), "notes": notes,
                     "host_machine": hostmachine.current(), "host_cpu_checked": not hostmachine.cross(),
                     "ok": not bad, "counts": counts, "host_cpu_lacks": lacks, "kernels": rows})
         return 1 if bad else 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .. import eviction, housekeeping, layout, staleness
+from ..storage import eviction, housekeeping, layout, staleness
 from .common import Add, counting, refuse_if_readonly, root_of, size_arg
 from .output import fmt_size, fmt_time, print_json, table
 

@@ -50,7 +50,7 @@ def refuse_if_readonly(args: argparse.Namespace) -> None:
 @contextlib.contextmanager
 def counting(root: Path) -> Iterator[None]:
     """Let what a command does (evictions, quarantines) count in the root's statistics."""
-    from .. import stats
+    from ..storage import stats
 
     previous = stats.describe()["root"]
     stats.bind(root)

@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import config, entry, inventory, layout
+from .. import config
+from ..storage import entry, layout
+from . import inventory
 from .common import Add, CliError, counting, refuse_if_readonly, root_of
 from .output import fmt_ago, fmt_size, fmt_time, print_json, readable_key, shorten, table
 

@@ -6,7 +6,9 @@ import argparse
 import sys
 from typing import Any
 
-from .. import config, eviction, inventory
+from .. import config
+from ..storage import eviction
+from . import inventory
 from .common import Add, CliError, refuse_if_readonly, root_of
 from .output import fmt_count, fmt_s, fmt_size, pairs, print_json, table
 
@@ -62,7 +64,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.format == "prometheus":
         if args.json:
             raise CliError("--json and --format prometheus are two output formats: give one")
-        from .. import prometheus
+        from . import prometheus
 
         sys.stdout.write(prometheus.render(str(root), data, max_size=cap, trust_refusal=out["trust_refusal"]))
         return 0
@@ -109,7 +111,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_zero(args: argparse.Namespace) -> int:
-    from .. import stats
+    from ..storage import stats
 
     refuse_if_readonly(args)
     root, _ = root_of(args)

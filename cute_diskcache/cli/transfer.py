@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .. import bundle, config, eviction, remote
-from ..store import Store
+from ..storage import bundle, eviction
+from .. import config, remote
+from ..storage.store import Store
 from .common import Add, CliError, counting, refuse_if_readonly, root_of
 from .output import fmt_size, fmt_time, print_json
 
@@ -127,7 +128,7 @@ def _not_for_this_install(root: Path, header: dict[str, Any]) -> list[dict[str, 
     """The namespaces a bundle brought (its header lists them) that no process here can hit:
     another flashinfer or DSL, machine, entry format, or an arch other than this host's
     (its target profile, else its GPU; not compared when neither is known)."""
-    from .. import coverage
+    from . import coverage
 
     namespaces = header.get("namespaces")
     if not isinstance(namespaces, dict):

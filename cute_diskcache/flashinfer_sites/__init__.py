@@ -1,6 +1,6 @@
 """The flashinfer adapter: the only code that knows how flashinfer compiles its sm12x kernels.
 
-One mechanism covers every release: :mod:`.hook` replaces the DSL's ``cutlass.cute.compile`` once,
+One mechanism covers every release: :mod:`..core.hook` replaces the DSL's ``cutlass.cute.compile`` once,
 and a compile reached from a site listed in :mod:`.sites` (a table: where, which kind, what side
 data) goes through the cache, keyed by everything the compile receives. The one exception,
 :mod:`.native`, stands in front of flashinfer's own disk cache (0.6.18+) for the sites it builds
@@ -81,14 +81,14 @@ def patch(module: ModuleType) -> bool:
 
 def _warm_up(md: ModuleType) -> None:
     """Do the once-per-process work at engine start, not on the first request: the kernel
-    sources' fingerprint and the cache's own warm-up (:meth:`~..cache.CompileCache.warm_up`)."""
+    sources' fingerprint and the cache's own warm-up (:meth:`~..core.cache.CompileCache.warm_up`)."""
     import logging
 
-    from ..cache import default_cache
+    from ..core.cache import default_cache
     from ._common import site_sources
 
     try:
-        site_sources(md.__name__)
+        site_sources(md.__name__, "flashinfer")  # as the hook asks it (its adapter's module)
         default_cache().warm_up()
     except Exception as exc:  # only an optimisation; the first compile retries
         logging.getLogger("cute_diskcache").debug("warm-up skipped: %s", exc)
@@ -98,7 +98,8 @@ def attach_dsl() -> bool:
     """Route every site through the cache: one hook on ``cutlass.cute.compile``, put in place as
     the DSL is imported (several sites import it inside functions, or are imported under names
     outside ``flashinfer.*``, so no flashinfer import announces them)."""
-    from . import compat, hook
+    from . import compat
+    from ..core import hook
 
     if compat.refused():
         return False

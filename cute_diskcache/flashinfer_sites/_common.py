@@ -3,7 +3,7 @@
 :func:`through_cache` is the one path every intercepted compile takes (key it, then hit, compile
 or plan); :class:`Site` says how (key, options, side data) and :class:`Call` is what one compile
 brought. Everything we change in a flashinfer or DSL module is recorded in :data:`PATCHES`
-(:mod:`..patches`), so ``unpatch`` puts back exactly what was there.
+(:mod:`..core.patches`), so ``unpatch`` puts back exactly what was there.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import logging
 import sys
 from typing import Any, Callable, Iterable, Iterator
 
-from ..cache import CompileCache, default_cache
-from ..describe import ADDRESS as _ADDRESS
-from ..key import CacheKey, Environment, SourceFacts, UnkeyableError, source_facts
+from ..core.cache import CompileCache, default_cache
+from ..core.describe import ADDRESS as _ADDRESS
+from ..keys.key import CacheKey, Environment, SourceFacts, UnkeyableError, source_facts
 
 log = logging.getLogger("cute_diskcache")
 
@@ -63,14 +63,14 @@ def options_text(options: Any) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def site_sources(module_name: str) -> SourceFacts:
+def site_sources(module_name: str, package: str) -> SourceFacts:
     """The fingerprint of a site module's code and what it reaches (once per process: flashinfer
     is not reloaded under a serving engine), so the first hit does not pay for it."""
-    return source_facts(sys.modules[module_name], "flashinfer")
+    return source_facts(sys.modules[module_name], package)
 
 
 #: flashinfer's variables that never change the code a compile generates: logging, tracing,
-#: downloads and cache locations (on top of :data:`~..key.NOT_CODEGEN_ENV`).
+#: downloads and cache locations (on top of :data:`~..keys.key.NOT_CODEGEN_ENV`).
 NOT_CODEGEN_ENV = frozenset({
     "FLASHINFER_WORKSPACE_BASE", "FLASHINFER_WORKSPACE_DIR", "FLASHINFER_CACHE_DIR", "FLASHINFER_LOGLEVEL",
     "FLASHINFER_LOGDEST", "FLASHINFER_LOG_LEVEL", "FLASHINFER_LOGGING_LEVEL", "FLASHINFER_JIT_VERBOSE",
@@ -94,7 +94,7 @@ class Call:
 class Site:
     """A flashinfer function that compiles, and how to key, describe and hand back its kernel.
 
-    ``key(call)`` and ``env(call)`` make the key (:mod:`.hook`: everything the compile receives,
+    ``key(call)`` and ``env(call)`` make the key (:mod:`..core.hook`: everything the compile receives,
     and the sources it comes from). ``extra(kernel, call)`` computes side data stored beside the
     artifact; ``deliver(kernel, extra, call)`` hands that side data to flashinfer on a hit and a
     miss alike, and ``extra_ok(extra)`` says whether side data read from disk has the shape
@@ -113,7 +113,7 @@ class Site:
     site_name: str | None = None  # stored in the manifest; default flashinfer.<module>.<kind>
     #: What flashinfer gets: ``adapt(kernel, extra, call)`` (default: the kernel as the cache gave it).
     adapt: Callable[[Any, dict[str, Any], Call], Any] | None = None
-    #: ``reuse(call)``: the second-stage plan (:class:`~..reuse.Plan`) of a site whose entries may
+    #: ``reuse(call)``: the second-stage plan (:class:`~..storage.reuse.Plan`) of a site whose entries may
     #: serve another release with the same traced IR; asked only on a first-stage miss.
     reuse: Callable[[Call], Any] | None = None
 
@@ -260,7 +260,7 @@ def _through_cache(site: Site, call: Call, compile_fn: Callable[[], Any], cache_
 
 def _planned_extra(cache: CompileCache, key: CacheKey) -> dict[str, Any]:
     """While planning: the side data of an entry already on disk (manifest only, no load)."""
-    from .. import entry
+    from ..storage import entry
 
     try:
         return dict(entry.read_manifest(cache.store.entry_dir(key)).get("extra") or {})

@@ -14,8 +14,9 @@ import threading
 from types import ModuleType
 from typing import Any
 
-from .. import elf, targets
-from ..patches import PATCHES
+from ..storage import elf
+from ..keys import targets
+from ..core.patches import PATCHES
 from ._common import planned
 from .names import MOE_DISPATCH, SM12X
 

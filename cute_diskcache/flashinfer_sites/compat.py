@@ -9,7 +9,7 @@ compile its kernels. cute-diskcache then attaches nothing and says so in one log
 runs as it would without us (and fails the same way), rather than a cache half-working.
 
 **Unverified releases** (a 0.7.3, a 0.8 that appears later) are served like verified ones: a
-site's key is everything its compile receives (:mod:`.hook`), not a site's in-process key that a
+site's key is everything its compile receives (:mod:`..core.hook`), not a site's in-process key that a
 new release could outgrow, so there is nothing per site to vet. What can change is *where* a
 release compiles: a site moved to a function the table does not name is not reached, and
 ``doctor --strict`` (the site scan, :mod:`.scan`) shows it as covered by nothing. One log line

@@ -30,7 +30,7 @@ import json
 import time
 from typing import Any
 
-from .. import targets
+from ..keys import targets
 
 BACKEND = "b12x"
 
@@ -51,7 +51,7 @@ def tactic_from_text(text: str) -> Any:
 class DenseDispatcher:
     """``flashinfer.mm_fp4`` with vLLM's arguments for each of a rank's NVFP4 linear shapes.
 
-    ``linears``: ``(n, k)`` per layer kind, as :class:`~..models.DenseShape` lists them.
+    ``linears``: ``(n, k)`` per layer kind, as :class:`~..prewarm.models.DenseShape` lists them.
     Weights and scales are zeros: compiles depend on shapes and tactics, never on values.
     """
 

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any, Iterator
 
-from .. import targets
+from ..keys import targets
 from . import native as native_builds
 from ._common import flashinfer_version, version_tuple
 from .names import MOE_DISPATCH, SM12X

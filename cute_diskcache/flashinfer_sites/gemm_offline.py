@@ -26,8 +26,8 @@ import sys
 from types import ModuleType
 from typing import Any, Callable
 
-from .. import targets
-from ..patches import PATCHES
+from ..keys import targets
+from ..core.patches import PATCHES
 from .names import MSA_PROXY
 
 log = logging.getLogger("cute_diskcache")

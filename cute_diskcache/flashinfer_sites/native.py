@@ -9,7 +9,7 @@ leave a kernel in two caches. For those callers this module stands in front of t
 
 * ``CUTE_DISKCACHE_NATIVE_SITES=cute-diskcache`` (default): the builder is skipped and
   ``compile_fn`` runs, its ``cute.compile`` keyed by the hook like every site's (without torch).
-  A compile the hook cannot key is handed back (:class:`~.hook.HandBack`) to flashinfer's builder.
+  A compile the hook cannot key is handed back (:class:`~..core.hook.HandBack`) to flashinfer's builder.
 * ``=flashinfer``: flashinfer's builder builds it; while planning we only record which kernel it
   would build (as flashinfer's cache computes it), otherwise whether it hit (:data:`EVENTS`).
 
@@ -28,8 +28,9 @@ import time
 from types import ModuleType
 from typing import Any, Callable
 
-from ..patches import PATCHES
-from . import _common, hook
+from ..core.patches import PATCHES
+from . import _common
+from ..core import hook
 from .names import CUTE_DSL_CORE, MOE_DISPATCH
 from .sites import Row
 
@@ -47,7 +48,7 @@ def serves_native() -> bool:
     """Whether flashinfer's natively cached sites are ours to serve (``CUTE_DISKCACHE_NATIVE_SITES``)."""
     from .. import config
 
-    return config.load().native_sites == "cute-diskcache"
+    return not config.left_to_library("flashinfer", config.load().native_sites)
 
 
 def _caller_row(frame: Any) -> Row | None:

@@ -3,7 +3,7 @@
 With a profile active, flashinfer's device queries are answered from it, so an offline compile
 takes the decisions the card would (:func:`apply_profile`, for every site module as it is
 imported): max active clusters (an occupancy query the box cannot answer), the DSL's driver
-attribute queries (:mod:`..devicefacts`), what the GEMM API asks (:mod:`.gemm_offline`), from
+attribute queries (:mod:`..keys.devicefacts`), what the GEMM API asks (:mod:`.gemm_offline`), from
 0.6.18 moe_dispatch's ``_is_sm120_nvfp4`` (asked of the *tensors*) and the direct micro block-dim
 probe (:mod:`.block_dim`); and sites that describe their arguments from real tensors
 (``from_dlpack``, where a CPU tensor compiles for generic instead of global memory) see CPU
@@ -27,7 +27,7 @@ _OP_MODULES = tuple(f"{SM12X}.moe_{fmt}_{op}" for fmt in ("fp8", "mxfp8_mxfp4")
 
 def apply_profile(module: ModuleType) -> None:
     """With a target profile active, answer ``module``'s device queries from the profile."""
-    from .. import devicefacts, targets
+    from ..keys import devicefacts, targets
     from . import block_dim, gemm_offline
 
     profile = targets.active()

@@ -428,8 +428,9 @@ def coverage_report() -> dict[str, Any]:
     """The doctor's view: installed versions, active settings, and the classified site table."""
     import importlib.metadata
 
-    from .. import _version, config, targets
-    from ..key import dsl_stack_string
+    from .. import _version, config
+    from ..keys import targets
+    from ..keys.key import dsl_stack_string
 
     def version_of(dist: str) -> str | None:
         try:

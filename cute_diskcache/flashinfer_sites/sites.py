@@ -3,51 +3,25 @@
 Per-release knowledge is data here. A *site* is a function in flashinfer's package (file relative
 to the package, qualified name as the site scan spells it) from which a ``cute.compile`` is
 reached: the compile call itself, or up to :data:`DEPTH` frames below it (a shared helper, a
-``lambda`` handed to flashinfer's native builder). :mod:`.hook` finds the nearest row above each
+``lambda`` handed to flashinfer's native builder). :mod:`..core.hook` finds the nearest row above each
 compile and keys the compile by everything it receives; no row holds a key. A row says only what
 the key cannot see: the site's name and namespace, a ``sys.path`` kernel tree whose files join the
 fingerprint, side data stored beside the kernel, and whether flashinfer's own disk cache sits
-between the site and its compile (``native``: see :mod:`.native`, the one exception).
+between the site and its compile (``native``: see :mod:`.native`, the one exception). The row's
+shape (:class:`~..core.adapter.Row`) is every library's; this table is flashinfer's
+(:mod:`.adapter` hands it to the hook).
 
 A function a release does not define is simply absent on that release: no version bounds.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
+from ..core.adapter import DEPTH, Row
 from .names import MOE_BASE, table_name
 
-#: How many frames above ``cute.compile`` a site may sit (compile -> lambda -> our native builder
-#: -> helper -> site needs 4; 6 leaves room, and costs 6 dict lookups on a compile).
-DEPTH = 6
-
-
-@dataclasses.dataclass(frozen=True)
-class Row:
-    """One site: where it is and what its entries are called."""
-
-    file: str  # relative to flashinfer's package
-    function: str  # qualified name without ``<locals>`` ("launch_fwd._compile", "Cls.method")
-    kind: str
-    name: str  # stored in the manifest and the stats ("flashinfer.msa.msa_topk")
-    namespace: str  # the Environment's kind: the cache's namespace prefix
-    #: Code imported through a ``sys.path`` entry (not as ``flashinfer.*``): the directory, under
-    #: flashinfer's package, whose every ``.py`` file joins the fingerprint.
-    tree: str | None = None
-    #: Side data kept beside the kernel besides its calling convention (:mod:`.hook`): "block_dim"
-    #: is the direct micro kernel's launch probe (:mod:`.block_dim`).
-    side: str | None = None
-    #: flashinfer builds it through ``build_and_load_cute_dsl_kernel``, which reads flashinfer's own
-    #: disk cache before it compiles (0.6.18+): served by :mod:`.native`.
-    native: bool = False
-    #: Its entries may serve another flashinfer release whose kernel has the same traced IR
-    #: (:mod:`cute_diskcache.reuse`): on only for sites proven to trace without side effects and
-    #: to lower exactly what they trace, with byte-identical cubins across a release pair
-    #: (bench/upgrade_reuse.py, tests/test_trace.py, tests/test_reuse.py); docs/keys.md lists the
-    #: rows left off and why.
-    reuse: bool = False
+__all__ = ["BY_WHERE", "DEPTH", "NOTE", "OWN_DISK_CACHES", "ROWS", "Row", "covered", "defined"]
 
 
 def _moe(file: str, function: str, kind: str, module: str | None = None, **kw: object) -> Row:

@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Protocol
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from ..key import CacheKey, Environment
-    from ..store import Store
+    from ..keys.key import CacheKey, Environment
+    from ..storage.store import Store
     from .client import RemoteCache
 
 __all__ = ["Backend", "LazyRemote", "RemoteError", "from_url", "redact", "refusal", "unsigned_warning"]
@@ -136,7 +136,7 @@ def open_client(settings: Any, *, publishing: bool) -> RemoteCache:
 
 
 class LazyRemote:
-    """What :func:`cute_diskcache.cache.default_cache` holds: the :class:`.client.RemoteCache`,
+    """What :func:`cute_diskcache.core.cache.default_cache` holds: the :class:`.client.RemoteCache`,
     built at the first local miss. A process that only ever hits locally imports none of the
     remote tier (client, value format, bundle code: ~13 ms) and certainly no client library.
     """

@@ -29,8 +29,8 @@ from typing import Any
 
 import msgpack
 
-from .. import entry, ingest, layout
-from ..layout import LAYOUT
+from ..storage import entry, ingest, layout
+from ..storage.layout import LAYOUT
 
 FORMAT = "cute-diskcache-remote-entry"
 VERSION = 1
@@ -47,7 +47,7 @@ def hit_object_name(prefix: str, namespace: str, digest: str) -> str:
 
 
 def record_name(prefix: str, scope: str, k2: str) -> str:
-    """A second-stage record (:func:`..reuse.sealed_record`): ``<prefix>/reuse/<scope>/<k2>``."""
+    """A second-stage record (:func:`..storage.reuse.sealed_record`): ``<prefix>/reuse/<scope>/<k2>``."""
     return f"{prefix.strip('/')}/{layout.REUSE_DIR}/{scope}/{k2}"
 
 

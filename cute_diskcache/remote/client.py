@@ -7,7 +7,7 @@ store safe to put behind a serving process:
   own socket timeouts, so no backend can hold a request longer than ``timeout``;
 * a :class:`.breaker.Breaker` skips the remote while it keeps failing;
 * fetched values are verified like any entry that arrives from outside
-  (:func:`cute_diskcache.ingest.adopt_staged`, then :meth:`Store.lookup_or_quarantine` with the key, which
+  (:func:`cute_diskcache.storage.ingest.adopt_staged`, then :meth:`Store.lookup_or_quarantine` with the key, which
   adds the arch, environment, host CPU and device checks), and only then stored and loaded. A hit
   first fetches the entry's ``.hit`` value (:mod:`.blob`: the manifest and the payload it loads),
   checks that once, in memory, with the key and loads it; the whole entry follows in the background into the
@@ -45,10 +45,11 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from .. import config, entry, ingest, layout, reuse, stats
-from ..key import CacheKey, Environment
-from ..layout import LAYOUT
-from ..store import Store
+from .. import config
+from ..storage import entry, ingest, layout, reuse, stats
+from ..keys.key import CacheKey, Environment
+from ..storage.layout import LAYOUT
+from ..storage.store import Store
 from . import Backend, RemoteError, blob, from_url, lease, redact
 from .breaker import Breaker
 from .publisher import Publisher
@@ -346,7 +347,7 @@ class RemoteCache:
         entry. None (the whole entry decides, and reports) when the value lacks the payload this
         process loads or anything about it does not check out.
         """
-        from ..store import Found, _role_to_load  # the rule a local lookup applies
+        from ..storage.store import Found, _role_to_load  # the rule a local lookup applies
 
         ns, digest = key.env.namespace, key.digest
         try:
@@ -578,12 +579,12 @@ class RemoteCache:
             self._count(ns, "remote_bytes_out", len(value) + len(part))
             log.debug("published %s (%d bytes)%s", name, len(value), " over a rejected copy" if overwrite else "")
 
-    # -- second-stage records (issue 31, :mod:`..reuse`) ---------------------------------------
+    # -- second-stage records (issue 31, :mod:`..storage.reuse`) ---------------------------------------
     #
     # A node of a fleet upgraded to a new flashinfer release finds, after its first-stage miss
     # (local, then remote), the kernel another release compiled with the same traced IR: the
     # record ``<prefix>/reuse/<scope>/<k2>`` names that entry, which is fetched, checked as any
-    # import, and linked under the new key by :func:`..reuse.link` as a local one is. One listing
+    # import, and linked under the new key by :func:`..storage.reuse.link` as a local one is. One listing
     # per process tells whether the scope has another namespace's records at all (else no
     # trace); then one GET per traced miss, and one more for the entry when there is a record.
 
@@ -648,7 +649,7 @@ class RemoteCache:
 
     def reuse_source(self, env: Environment, k2: str, store: Store) -> tuple[Store, Path] | None:
         """The entry ``k2``'s remote record names, fetched into ``store`` (checked as any import)
-        and returned as :func:`..reuse.find` returns a local one; None for no record, a record
+        and returned as :func:`..storage.reuse.find` returns a local one; None for no record, a record
         that does not open (another ``k2``, a signature this process refuses), or no usable
         entry. Never raises: the caller compiles."""
         ns = env.namespace

@@ -1,0 +1,345 @@
+"""Owns what a hit hands the caller: an object of the class the compile returned, not a look-alike.
+
+``cute.compile`` returns one of the DSL's ``JitCompiledFunction`` classes (with tvm-ffi,
+``TVMFFIJitCompiledFunctionWithKwargs`` or ``TVMFFIJitCompiledFunction``); a kernel loaded from
+disk is a bare tvm-ffi function. Callers check what they got: flashinfer 0.7.4's KDA refuses
+anything whose class is not the DSL's tvm-ffi one, flashinfer's own disk cache (0.6.18+) and
+several backends call ``export_to_c`` on it, GDN reads its ``__ptx__``. So a hit is rebuilt as an
+instance of a subclass of the compile's own class (same name, so a check by name passes too),
+made without running the DSL's constructor (which needs the compile):
+
+* at a miss, :func:`describe` keeps the compiled object's state that is plain data (function
+  name, kernel info, C-header arguments, host target, flags...) and its runtime signature in the
+  DSL's own serialised form (its export signature processor, what ``dump_to_object`` embeds);
+* at a hit, :func:`rebuild` sets that state on the new object with the loaded function inside,
+  called through the light calling convention (:class:`~.convention.Convention`, measured: tvm-ffi's
+  generated keyword wrapper cost more than the rest of a hit);
+* what only the compile held is made again on first use, from the entry's own verified payloads:
+  ``ir_module`` from the stored MLIR (so ``export_to_c`` works, byte for byte), ``engine`` and
+  ``capi_func`` from the stored object (loaded as the DSL loads one), ``execution_args`` from the
+  stored signature. A hit that nobody inspects pays for none of it.
+
+The serialised signature is the DSL's own format (DSL 4.5's is a pickle): it is read only from an
+entry that passed every check a hit makes, whose native code is loaded anyway.
+
+An attribute of a DSL release this module does not know (not plain data, not one of those) is
+recorded at the miss and said by name if a caller asks for it. Nothing here knows a library.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import functools
+import importlib
+import logging
+import threading
+import zlib
+from typing import Any, Callable
+
+import msgpack
+
+log = logging.getLogger("cute_diskcache")
+
+#: Runtime state a new object starts afresh (locks, executors) or that the hit supplies (the function).
+_FRESH: dict[str, Callable[[], Any]] = {
+    "_executor_lock": threading.RLock,
+    "_default_executor": lambda: None,
+    "jit_module": lambda: None,
+    "_pyir_spec": lambda: None,
+}
+_SUPPLIED = frozenset({"_tvm_ffi_function", "_kwargs_wrapper"})
+#: What only the compile held, made again on first use from the entry (see :class:`_Lazy`).
+_REMADE = frozenset({"ir_module", "engine", "capi_func", "execution_args"})
+#: Modules whose classes' plain state may be stored and rebuilt (the DSL's records: artifacts,
+#: C-header arguments, the host target); anything else (an execution engine...) is not plain.
+_OWNERS = ("cutlass.base_dsl.", "cutlass.cutlass_dsl.", "cutlass.cute.")
+#: A CuTe-ABI kernel (no tvm-ffi) is loaded by the DSL's own loader, which sets these to say how
+#: it is launched from the loaded object: they stay the loader's.
+_LOADERS = frozenset({"load_from_binary", "prefix"})
+#: What a caller can see differ on such a kernel (the loader's engine is the DSL's binary engine,
+#: the compile's its JIT's): the one documented difference between a hit and a compile.
+LOADER_FACTS = frozenset({*_LOADERS, "engine"})
+
+
+class NotPlain(Exception):
+    pass
+
+
+def _encode(value: Any) -> Any:
+    """``value`` as msgpack-safe data that :func:`_decode` turns back into an equal value of the
+    same types (tuples, ordered dicts and the DSL's plain records survive); raises :class:`NotPlain`."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return value if type(value) in (type(None), bool, int, float, str, bytes) else _raise(value)
+    if type(value) is list:
+        return {"t": "list", "v": [_encode(v) for v in value]}
+    if type(value) is tuple:
+        return {"t": "tuple", "v": [_encode(v) for v in value]}
+    if type(value) in (dict, collections.OrderedDict):
+        return {"t": type(value).__name__, "v": [[_encode(k), _encode(v)] for k, v in value.items()]}
+    cls = type(value)
+    state = getattr(value, "__dict__", None)
+    if isinstance(state, dict) and cls.__module__.startswith(_OWNERS) and not hasattr(cls, "__slots__"):
+        return {"t": "obj", "c": [cls.__module__, cls.__qualname__], "v": {k: _encode(v) for k, v in state.items()}}
+    return _raise(value)
+
+
+def _raise(value: Any) -> Any:
+    raise NotPlain(type(value).__qualname__)
+
+
+def _decode(data: Any) -> Any:
+    if not isinstance(data, dict):
+        return data
+    kind, v = data["t"], data["v"]
+    if kind == "list":
+        return [_decode(x) for x in v]
+    if kind == "tuple":
+        return tuple(_decode(x) for x in v)
+    if kind in ("dict", "OrderedDict"):
+        pairs = [(_decode(k), _decode(x)) for k, x in v]
+        return collections.OrderedDict(pairs) if kind == "OrderedDict" else dict(pairs)
+    if kind == "obj":
+        cls = _class(data["c"])
+        obj = object.__new__(cls)
+        obj.__dict__.update({k: _decode(x) for k, x in v.items()})
+        return obj
+    raise ValueError(f"unknown encoded kind {kind!r}")
+
+
+@functools.lru_cache(maxsize=64)
+def _class_of(module: str, qualname: str) -> type:
+    if not module.startswith(_OWNERS):
+        raise ValueError(f"{module}.{qualname} is not the DSL's")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, type):
+        raise ValueError(f"{module}.{qualname} is not a class")
+    return obj
+
+
+def _class(path: Any) -> type:
+    return _class_of(str(path[0]), str(path[1]))
+
+
+def _is_compiled(kernel: Any) -> bool:
+    """Whether ``kernel`` is of the DSL's compiled-function family (the only results rebuilt)."""
+    try:
+        from cutlass.base_dsl.jit_executor import JitCompiledFunction
+    except Exception:  # a DSL laid out otherwise: hand back what we load, as before
+        return False
+    return isinstance(kernel, JitCompiledFunction)
+
+
+def describe(kernel: Any) -> dict[str, Any] | None:
+    """What a hit needs to hand back an object like ``kernel`` (side data), or None when it is
+    not a DSL compiled function (then a hit hands back the loaded kernel as it is)."""
+    if not _is_compiled(kernel):
+        return None
+    cls = type(kernel)
+    state: dict[str, Any] = {}
+    unknown: list[str] = []
+    for name, value in vars(kernel).items():
+        if name in _FRESH or name in _SUPPLIED or name in _REMADE:
+            continue
+        try:
+            state[name] = _encode(value)
+        except NotPlain:
+            unknown.append(name)
+    mode = "function" if _is_tvm_ffi_function(cls) else "keywords" if "_kwargs_wrapper" in vars(kernel) else "cute-abi"
+    scalars = {k: v for k, v in state.items() if not isinstance(v, dict)}
+    records = {k: v for k, v in state.items() if isinstance(v, dict)}
+    return {"class": [cls.__module__, cls.__qualname__], "state": scalars, "unknown": sorted(unknown),
+            "records": sorted(records), "records_z": zlib.compress(msgpack.packb(records, use_bin_type=True), 6),
+            "signature": _signature_bytes(kernel), "remade": sorted(n for n in _REMADE if n in vars(kernel)), "mode": mode}
+
+
+def _signature_bytes(kernel: Any) -> bytes | None:
+    """The runtime signature, serialised by the DSL's own export signature processor (None if it cannot)."""
+    try:
+        _export_provider()
+        return bytes(kernel.export_provider.signature_processor.dumps(kernel.execution_args.signature))
+    except Exception as exc:
+        log.debug("no signature kept (%s: %s)", type(exc).__name__, exc)
+        return None
+
+
+def _export_provider() -> None:
+    """The DSL sets its compiled functions' export provider (and so its signature processor) when
+    ``cutlass.cute.export`` is imported, which a process that only compiles may never do."""
+    import cutlass.cute.export  # noqa: F401
+
+
+def _is_tvm_ffi_function(cls: type) -> bool:
+    try:
+        import tvm_ffi
+    except Exception:
+        return False
+    return issubclass(cls, tvm_ffi.Function)
+
+
+def valid(result: Any) -> bool:
+    """Side data from disk has the shape :func:`describe` writes."""
+    return (isinstance(result, dict) and isinstance(result.get("class"), list) and len(result["class"]) == 2
+            and all(isinstance(p, str) for p in result["class"]) and isinstance(result.get("state"), dict)
+            and isinstance(result.get("records"), list) and isinstance(result.get("records_z"), bytes)
+            and isinstance(result.get("unknown"), list) and isinstance(result.get("remade"), list)
+            and result.get("mode") in _MODES and isinstance(result.get("signature"), (bytes, type(None))))
+
+
+# --------------------------------------------------------------------------------------------
+# At a hit
+# --------------------------------------------------------------------------------------------
+
+
+class Payloads:
+    """The entry a hit came from, read again (and verified) only when a caller asks for what the
+    compile held: its MLIR, its object."""
+
+    def __init__(self, read: Callable[[str], tuple[bytes, str] | None]) -> None:
+        self._read = read
+
+    def get(self, role: str) -> tuple[bytes, str]:
+        found = self._read(role)
+        if found is None:
+            raise AttributeError(f"the cache entry this kernel was loaded from holds no {role} any more")
+        return found
+
+
+def _ir_module(obj: Any) -> Any:
+    from cutlass._mlir import ir
+
+    data, name = obj._cdc_payloads.get("mlir")
+    raw = zlib.decompress(data)
+    with ir.Context():
+        return ir.Module.parse(raw if name.endswith(".mlirbc.zz") else raw.decode())
+
+
+def _engine(obj: Any) -> Any:
+    from ..storage import loader
+
+    data, _ = obj._cdc_payloads.get("object")
+    return loader.object_module(data, tvm_ffi=obj.__dict__.get("_tvm_ffi_function") is not None or _is_tvm_ffi_function(type(obj))).engine
+
+
+def _capi_func(obj: Any) -> Any:
+    ptr = obj.engine.lookup(obj.function_name)
+    return ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)(ptr) if ptr else None
+
+
+def _execution_args(obj: Any) -> Any:
+    from cutlass.base_dsl.jit_executor import ExecutionArgs
+
+    if obj._cdc_signature is None:
+        raise AttributeError("execution_args: the compile's signature could not be kept")
+    _export_provider()
+    signature = obj.export_provider.signature_processor.loads(obj._cdc_signature)
+    scope = getattr(type(obj), "_jit_arg_adapter_scope", None)  # DSL 4.6+; 4.5's takes two arguments
+    return ExecutionArgs(signature, obj.function_name, **({"adapter_scope": scope} if scope is not None else {}))
+
+
+_MAKERS: dict[str, Callable[[Any], Any]] = {
+    "ir_module": _ir_module, "engine": _engine, "capi_func": _capi_func, "execution_args": _execution_args,
+}
+
+
+_MODES = ("function", "keywords", "cute-abi")
+
+
+class _Lazy:
+    """Mixed into the rebuilt class: what only the compile held is made on first use."""
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *self.__dict__.get("_cdc_remade", ()), *self.__dict__.get("_cdc_pending", ())})
+
+    def __getattr__(self, name: str) -> Any:  # only for names the instance does not have
+        state = self.__dict__
+        if name in state.get("_cdc_pending", ()):  # the compile's records, unpacked when one is first read
+            for key, encoded in msgpack.unpackb(zlib.decompress(state["_cdc_records_z"]), raw=False).items():
+                state.setdefault(key, _decode(encoded))  # a thread that got here first keeps its objects
+            state["_cdc_pending"] = frozenset()
+            return state[name]
+        if name in _MAKERS and name in self.__dict__.get("_cdc_remade", ()):
+            value = _MAKERS[name](self)
+            self.__dict__[name] = value
+            return value
+        if name in self.__dict__.get("_cdc_unknown", ()):
+            raise AttributeError(f"{name}: this DSL's compiled kernels hold it, and a kernel loaded from cute-diskcache "
+                                 f"cannot carry it (not plain data)")
+        raise AttributeError(f"{type(self).__qualname__!r} object has no attribute {name!r}")
+
+
+@functools.lru_cache(maxsize=64)
+def _loaded_class(cls: type, mode: str) -> type:
+    """A subclass of ``cls`` named like it; the keyword class calls the loaded function directly."""
+    body: dict[str, Any] = {"__module__": __name__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
+                            "_cdc_loaded": True}
+    if mode == "keywords":
+        # The DSL's keyword class checks its pointer-address specs on every call; a kernel with
+        # such specs is never stored (convention.calling_convention), so call the wrapper directly.
+        body["__call__"] = lambda self, *args, **kwargs: self._kwargs_wrapper(*args, **kwargs)
+    return type(cls.__name__, (_Lazy, cls), body)
+
+
+def rebuild(loaded: Any, result: dict[str, Any], wrapper: Callable[..., Any] | None, payloads: Payloads) -> Any:
+    """What the compile handed its caller, around ``loaded``.
+
+    tvm-ffi kernels (``loaded`` is the bare function): a new instance of the compile's class,
+    calling the function itself (positional class) or through ``wrapper`` (the keyword class: a
+    :class:`~.convention.Convention`). CuTe-ABI kernels (``loaded`` is the DSL's own reloaded
+    object, already of that family and launched from the loaded object): that object, given the
+    compile's class and its plain state but for how the loader launches it (:data:`_LOADERS`).
+    """
+    mode = result["mode"]
+    cls = _loaded_class(_class(result["class"]), mode)
+    if mode == "cute-abi":
+        if not isinstance(loaded, cls.__mro__[2]):  # [0] ours, [1] _Lazy, [2] the compile's class
+            return loaded
+        obj = loaded
+        obj.__class__ = cls
+        state = obj.__dict__
+        if state.get("ir_module") is None:
+            state.pop("ir_module", None)  # made on first use from the stored MLIR, as for tvm-ffi kernels
+        remade = [n for n in result["remade"] if n not in state]
+    else:
+        obj = cls.__new__(cls)
+        if mode == "function":
+            obj.__move_handle_from__(loaded)
+        else:
+            obj._tvm_ffi_function = loaded
+            obj._kwargs_wrapper = wrapper if wrapper is not None else loaded
+        state = obj.__dict__
+        for name, make in _FRESH.items():
+            state[name] = make()
+        remade = result["remade"]
+    for name, value in result["state"].items():
+        if mode != "cute-abi" or name not in _LOADERS:
+            state[name] = value
+    pending = frozenset(n for n in result["records"] if mode != "cute-abi" or n not in _LOADERS)
+    for name in pending:  # containers and records: unpacked when one is first read (most never are)
+        state.pop(name, None)
+    state["_cdc_pending"] = pending
+    state["_cdc_records_z"] = result["records_z"]
+    state["_cdc_payloads"] = payloads
+    state["_cdc_signature"] = result["signature"]
+    state["_cdc_remade"] = frozenset(remade)
+    state["_cdc_unknown"] = frozenset(result["unknown"])
+    return obj
+
+
+def set_ptx(obj: Any, text: str) -> bool:
+    """Make a rebuilt object's ``__ptx__`` (its artifacts' PTX) the kept text; False if it has no artifacts."""
+    artifacts = obj.__dict__.get("artifacts")
+    if artifacts is None or not hasattr(artifacts, "PTX"):
+        return False
+    artifacts.PTX = text
+    return True
+
+
+def loaded(kernel: Any) -> bool:
+    """Whether ``kernel`` was rebuilt by :func:`rebuild` (a hit), not compiled in this process."""
+    return getattr(type(kernel), "_cdc_loaded", False)
+
+
+__all__ = ["LOADER_FACTS", "Payloads", "describe", "loaded", "rebuild", "set_ptx", "valid"]

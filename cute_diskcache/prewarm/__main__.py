@@ -1,0 +1,7 @@
+"""``python -m cute_diskcache.prewarm``: the prewarm command (and its workers, ``--worker``)."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
