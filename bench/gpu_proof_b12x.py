@@ -115,17 +115,17 @@ def _call(blockscaled: Any, intrinsics: Any, n: int, k: int, m: int) -> str | No
 def _record_sources() -> list[Any]:
     """What each compile's source fingerprint was made of (module, digest, file sizes), to say
     why a key differs from the CPU's when it does."""
-    from cute_diskcache.flashinfer_sites import _common
+    from cute_diskcache.core import through
 
     seen: list[Any] = []
-    real = _common.site_sources
+    real = through.site_sources
 
     def recording(name: str, package: str) -> Any:
         facts = real(name, package)
         seen.append([name, facts.fingerprint, [[s[0], s[2]] for s in facts.stamp if len(s) > 2], list(facts.env_reads)])
         return facts
 
-    _common.site_sources = recording
+    through.site_sources = recording
     return seen
 
 

@@ -52,14 +52,15 @@ def child(args: argparse.Namespace) -> int:
     current_cuda_stream()  # flashinfer's one-off torch._dynamo import, outside the timings
     from cute_diskcache import flashinfer_sites
     from cute_diskcache.core.cache import default_cache
-    from cute_diskcache.flashinfer_sites import _common, native
+    from cute_diskcache.core import through
+    from cute_diskcache.flashinfer_sites import native
     from cute_diskcache.core.patches import PATCHES
 
     calls: list[dict[str, Any]] = []
     now = {"m": 0}
 
     if args.mode == "ours":
-        real_through = _common.through_cache
+        real_through = through.through_cache
 
         def through(site: Any, *a: Any, **k: Any) -> Any:  # our native sites call it via the module
             t0 = time.perf_counter()
@@ -71,7 +72,7 @@ def child(args: argparse.Namespace) -> int:
                 outcome = cache.events[before][2] if len(cache.events) > before else "?"
                 calls.append({"kernel": site.kind, "m": now["m"], "seconds": time.perf_counter() - t0, "outcome": outcome})
 
-        _common.through_cache = through
+        through.through_cache = through
     else:
         # flashinfer's own builder, not our stand-in (which, left to flashinfer, first computes each
         # kernel's native identity for the dispatcher: flashinfer's one-off fingerprint outside our timer).

@@ -110,9 +110,9 @@ def _on_request(site: Any, call: Any, compile_fn: Any) -> None:
 
     from cute_diskcache.core import export
     from cute_diskcache.keys import devicefacts, trace
-    from cute_diskcache.flashinfer_sites import _common
+    from cute_diskcache.core import through
 
-    plan = _common.PLAN
+    plan = through.PLAN
     digest = plan[-1]["digest"] if plan else None
     # The real DSL compile (cute.compile or cute.compile[options]) and exactly its arguments, as
     # the hook hands them to its compile function (functools.partial(front.through_wrappers, real,
@@ -168,21 +168,22 @@ def _on_request(site: Any, call: Any, compile_fn: Any) -> None:
 
 
 def _install_probe() -> None:
-    from cute_diskcache.flashinfer_sites import _common, dense, driving
+    from cute_diskcache.core import through
+    from cute_diskcache.flashinfer_sites import dense, driving
 
-    real_tc = _common.through_cache
+    real_tc = through.through_cache
 
     def through_cache(site: Any, call: Any, compile_fn: Any, **kwargs: Any) -> Any:
-        before = len(_common.PLAN) if _common.PLAN is not None else None
+        before = len(through.PLAN) if through.PLAN is not None else None
         out = real_tc(site, call, compile_fn, **kwargs)
-        if before is not None and len(_common.PLAN) > before:  # a planned request (keyed)
+        if before is not None and len(through.PLAN) > before:  # a planned request (keyed)
             _on_request(site, call, compile_fn)
         elif before is not None:
             STATE.records.append({"model": STATE.model, "site": site.name, "kind": site.kind, "unkeyed": True,
                                   "call": list(STATE.call)})
         return out
 
-    _common.through_cache = through_cache
+    through.through_cache = through_cache
     moe_run, dense_run = driving.Dispatcher.run, dense.DenseDispatcher.run
 
     def run_moe(self: Any, m: int, *a: Any, **k: Any) -> Any:
@@ -201,9 +202,9 @@ def _plan_w4a16() -> None:
     sys.path.insert(0, str(REPO / "scripts"))
     import compat_child
 
-    from cute_diskcache.flashinfer_sites import _common
+    from cute_diskcache.core import through
 
-    with _common.planning():
+    with through.planning():
         for name in compat_child.W4A16_SITES:
             STATE.call = ("w4a16", compat_child.W4A16_M, name)
             try:

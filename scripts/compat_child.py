@@ -180,20 +180,20 @@ def _w4a16_compile(name: str) -> Any:
 
 def _recorded_compile(run: Callable[[], Any]) -> tuple[Any, list[Any]]:
     """``run()``, and the arguments of the compile it sent through the cache (hit or miss)."""
-    from cute_diskcache.flashinfer_sites import _common
+    from cute_diskcache.core import through
 
     seen: list[Any] = []
-    real = _common.through_cache
+    real = through.through_cache
 
     def recording(site: Any, call: Any, compile_fn: Any, **kwargs: Any) -> Any:
         seen.append(call.args)
         return real(site, call, compile_fn, **kwargs)
 
-    _common.through_cache = recording
+    through.through_cache = recording
     try:
         return run(), seen
     finally:
-        _common.through_cache = real
+        through.through_cache = real
 
 
 def _launch_like_compile(compiled: Any, compile_args: tuple[Any, ...]) -> str | None:
@@ -287,17 +287,17 @@ def result_summary(kernel: Any, workdir: Path) -> dict[str, Any]:
 
 def _returned_kernels() -> list[Any]:
     """Every kernel the cache hands flashinfer from now on, in order (hit or compile)."""
-    from cute_diskcache.flashinfer_sites import _common
+    from cute_diskcache.core import through
 
     out: list[Any] = []
-    real = _common.through_cache
+    real = through.through_cache
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         kernel = real(*args, **kwargs)
         out.append(kernel)
         return kernel
 
-    _common.through_cache = recording
+    through.through_cache = recording
     return out
 
 

@@ -5,7 +5,7 @@ Prints one JSON line.
 
 ``plan MODEL``: prewarm's own dry run (``cute-diskcache-prewarm MODEL --dry-run --json``, the
 README's flags), then a walk of what flashinfer memoised while planning. Each planned key
-handed flashinfer its own ``PlannedKernel(digest)`` (:mod:`cute_diskcache.flashinfer_sites._common`),
+handed flashinfer its own ``PlannedKernel(digest)`` (:mod:`cute_diskcache.core.through`),
 so flashinfer's memo dicts say which of our digests each of *its* keys got. Reported: the
 plan's kernel list, every (memo, flashinfer key, digest) found, the digests that share one of
 ours across distinct flashinfer keys (computed here, with the keys' own equality), and any
@@ -43,7 +43,7 @@ def _plan_argv(model: str, max_tokens: int, extra: list[str]) -> list[str]:
 
 def _digests_in(value: Any, depth: int = _DEPTH) -> Iterator[str]:
     """Every PlannedKernel's digest in ``value`` (itself, or inside tuples / lists / dict values)."""
-    from cute_diskcache.flashinfer_sites._common import PlannedKernel
+    from cute_diskcache.core.through import PlannedKernel
 
     if isinstance(value, PlannedKernel):
         yield value.digest

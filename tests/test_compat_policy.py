@@ -28,7 +28,7 @@ import pytest
 from cute_diskcache.cli import doctor
 from cute_diskcache.core import hook
 from cute_diskcache.flashinfer_sites import compat, scan, sites
-from cute_diskcache.flashinfer_sites._common import Call
+from cute_diskcache.core.through import Call
 from cute_diskcache.flashinfer_sites.names import table_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _compat, whatever pytest's import mode

@@ -22,7 +22,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_hook import Package, package  # noqa: E402,F401
 
-from cute_diskcache.flashinfer_sites import _common, sites  # noqa: E402
+from cute_diskcache.core import through  # noqa: E402
+from cute_diskcache.flashinfer_sites import sites  # noqa: E402
 
 GEMM_FILE, GEMM_GETTER, GEMV_GETTER = "gemm/gemm_bf16_fp4_cute_dsl.py", "_get_cute_dsl_bf16_fp4_gemm", "_get_cute_dsl_bf16_fp4_gemv"
 TOPK_FILE, TOPK_GETTER = "msa_ops/sparse_topk_select.py", "_get_compiled_topk"
@@ -69,7 +70,7 @@ def test_what_a_getter_reads_from_the_device_reaches_the_key_through_its_compile
     answer wherever it ends up in the compile: another device, another entry."""
     mod = package.module(GEMM_FILE, GETTER)
     row = sites.BY_WHERE[(GEMM_FILE, GEMM_GETTER)]
-    with _common.planning() as plan:
+    with through.planning() as plan:
         mod._get_cute_dsl_bf16_fp4_gemm((128, 128, 64))
         mod._get_cute_dsl_bf16_fp4_gemm((128, 128, 64))  # flashinfer's memo: not asked again
         mod._get_cute_dsl_bf16_fp4_gemm((128, 64, 64))
@@ -96,7 +97,7 @@ def test_a_getter_whose_compile_cannot_be_described_runs_as_flashinfers(package:
         def {TOPK_GETTER}(topk, small, per_token_nvp):
             return cute.compile(object(), topk, small)
     """)
-    with caplog.at_level(logging.WARNING, logger="cute_diskcache"), _common.planning() as plan:
+    with caplog.at_level(logging.WARNING, logger="cute_diskcache"), through.planning() as plan:
         assert mod._get_compiled_topk(16, True, True) == "compiled in memory"
     assert plan == [] and [c[1][1:] for c in package.real.calls] == [(16, True)]
     assert [r.getMessage() for r in caplog.records] == [

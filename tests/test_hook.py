@@ -15,7 +15,7 @@ for the DSL's compile that records what reaches it (no kernel is compiled here):
 * flashinfer's native builder hands a compile the hook cannot key back to flashinfer's builder;
 * side data from disk of another shape is a miss, never an exception; patching is reversible.
 
-Compiles are planned (:func:`~cute_diskcache.flashinfer_sites._common.planning`): the plan holds
+Compiles are planned (:func:`~cute_diskcache.core.through.planning`): the plan holds
 exactly the keys a site would look up, and nothing compiles.
 """
 
@@ -42,7 +42,8 @@ from cute_diskcache.core import cache as cache_module  # noqa: E402
 from cute_diskcache.core import describe  # noqa: E402
 from cute_diskcache.core.cache import CompileCache  # noqa: E402
 from cute_diskcache.core import hook  # noqa: E402
-from cute_diskcache.flashinfer_sites import _common, native, sites  # noqa: E402
+from cute_diskcache.core import through  # noqa: E402
+from cute_diskcache.flashinfer_sites import native, sites  # noqa: E402
 from cute_diskcache.flashinfer_sites.adapter import ADAPTER as FLASHINFER  # noqa: E402
 from cute_diskcache.flashinfer_sites.sites import Row  # noqa: E402
 from cute_diskcache.keys.key import Environment, UnkeyableError, encode  # noqa: E402
@@ -122,7 +123,7 @@ def _forget() -> None:
     hook._CODES.clear()
     hook._OURS.clear()
     hook._tree_facts.cache_clear()
-    _common.site_sources.cache_clear()
+    through.site_sources.cache_clear()
 
 
 @pytest.fixture
@@ -159,10 +160,10 @@ def test_only_a_rows_compiles_go_through_the_cache_and_the_subscript_is_keyed(pa
             return cute.compile(n)
     """)
     row = package.row("kernels/site.py", "site")
-    with _common.planning() as plan:
-        assert _common.planned(mod.site(1)) and _common.planned(mod.site(1))
-        assert _common.planned(mod.site(2)) and _common.planned(mod.site(1, opt=_Opt(3)))
-        assert _common.planned(mod.site(1, opt=_Opt(2)))
+    with through.planning() as plan:
+        assert through.planned(mod.site(1)) and through.planned(mod.site(1))
+        assert through.planned(mod.site(2)) and through.planned(mod.site(1, opt=_Opt(3)))
+        assert through.planned(mod.site(1, opt=_Opt(2)))
         assert mod.other(3) == "compiled in memory"
     assert [p["site"] for p in plan] == [row.name] * 5
     digests = [p["digest"] for p in plan]
@@ -191,8 +192,8 @@ def test_a_site_is_found_within_depth_frames_and_not_beyond(package: Package) ->
     mod = _chain(package)
     row = package.row("kernels/chain.py", "site")
     within, beyond = sites.DEPTH - 2, sites.DEPTH - 1  # the site sits n + 1 frames above the compile
-    with _common.planning() as plan:
-        assert _common.planned(mod.site(within))
+    with through.planning() as plan:
+        assert through.planned(mod.site(within))
         assert mod.site(beyond) == "compiled in memory"
     assert [p["site"] for p in plan] == [row.name]
     assert [call[1] for call in package.real.calls] == [(0,)]
@@ -218,7 +219,7 @@ def test_the_nearest_row_wins(package: Package) -> None:
     mod = _chain(package)
     package.row("kernels/chain.py", "outer", "outer")
     inner = package.row("kernels/chain.py", "site", "inner")
-    with _common.planning() as plan:
+    with through.planning() as plan:
         mod.outer(0)
     assert [p["site"] for p in plan] == [inner.name]
 
@@ -241,9 +242,9 @@ def test_a_compile_under_flashinfers_own_disk_cache_is_flashinfers(package: Pack
     """, build_and_load_cute_dsl_kernel=core.build_and_load_cute_dsl_kernel)
     row = package.row("kernels/native.py", "through_builder")
     inner = package.row("kernels/native.py", "site", "inner")
-    with _common.planning() as plan:
+    with through.planning() as plan:
         assert mod.through_builder(1) == "compiled in memory"
-        assert _common.planned(core.build_and_load_cute_dsl_kernel("m", "k", lambda: mod.site(2)))
+        assert through.planned(core.build_and_load_cute_dsl_kernel("m", "k", lambda: mod.site(2)))
     assert [p["site"] for p in plan] == [inner.name] and row.name != inner.name
     assert [call[1] for call in package.real.calls] == [(1,)]
 
@@ -297,8 +298,8 @@ def test_the_shared_gemm_helper_is_a_site_for_the_b12x_runner_only(package: Pack
     package.module("gemm/gemm_mm_fp4_cute_dsl.py", HELPER)
     base = package.module("gemm/gemm_base.py", RUNNERS)
     b12x = sites.BY_WHERE[("gemm/gemm_base.py", "_b12x_gemm_fp4_runner.B12xFp4GemmRunner.forward")]
-    with _common.planning() as plan:
-        assert _common.planned(base._b12x_gemm_fp4_runner().forward(("sm120", 128)))
+    with through.planning() as plan:
+        assert through.planned(base._b12x_gemm_fp4_runner().forward(("sm120", 128)))
         assert base._cute_dsl_gemm_fp4_runner().forward(("sm100", 128)) == "compiled in memory"
         assert base._cute_dsl_gemm_mxfp8_sm107_runner().forward(("sm107", 128)) == "compiled in memory"
     assert [p["site"] for p in plan] == [b12x.name] == ["flashinfer.gemm.b12x_fp4"]
@@ -348,7 +349,7 @@ def test_dsl_integers_bound_to_dsl_integer_parameters_are_runtime_arguments(pack
     kernel = mod.Sm120B12xGemm(128)
     wrapper = kernel.wrapper
     assert hook._dynamic_parameters(wrapper, ("a", cutlass.Int64(7), 2, cutlass.Int64(9), cutlass.Int32(1), 188)) == {1, 2, 3}
-    with _common.planning() as plan:
+    with through.planning() as plan:
         mod.site(kernel, "a", cutlass.Int64(0x7F00_0000_1000), 16, 32, 1, 188, "s")
         mod.site(kernel, "a", cutlass.Int64(0x7F00_0040_2000), 16, 32, 1, 188, "s")  # another process's address
         mod.site(kernel, "a", 1, 16, 32, 1, 188, "s")  # a Python int there: another type, another entry
@@ -363,7 +364,7 @@ def test_the_b12x_scale_extents_are_keyed_by_type_and_a_constexpr_by_value(packa
     mod = package.module("kernels/gemm.py", GEMM)
     package.row("kernels/gemm.py", "site", "gemm")
     kernel = mod.Sm120B12xGemm(128)
-    with _common.planning() as plan:
+    with through.planning() as plan:
         mod.site(kernel, "a", 1, 16, 32, 1, 188, "s")  # a layer of n=2048, k=4096
         mod.site(kernel, "a", 1, 48, 16, 1, 188, "s")  # n=6144, k=2048: the same kernel
         mod.site(kernel, "a", 1, 16, 32, 1, 94, "s")  # max_active_clusters: Constexpr
@@ -436,7 +437,7 @@ def test_arg_signature_drops_addresses_and_refuses_the_unknown() -> None:
     with pytest.raises(UnkeyableError):
         describe.arg_signature(object())
     with pytest.raises(UnkeyableError):
-        _common.options_text(object())  # its repr is an address
+        through.options_text(object())  # its repr is an address
 
 
 def test_a_compile_the_hook_cannot_key_runs_in_memory_with_one_warning(package: Package,
@@ -446,7 +447,7 @@ def test_a_compile_the_hook_cannot_key_runs_in_memory_with_one_warning(package: 
             return cute.compile(arg)
     """)
     row = package.row("kernels/site.py", "site")
-    with caplog.at_level(logging.WARNING, logger="cute_diskcache"), _common.planning() as plan:
+    with caplog.at_level(logging.WARNING, logger="cute_diskcache"), through.planning() as plan:
         assert mod.site(object()) == "compiled in memory"
     assert plan == [] and len(package.real.calls) == 1
     assert [r.getMessage() for r in caplog.records] == [
@@ -481,7 +482,7 @@ def test_the_native_builder_hands_a_compile_it_cannot_key_back_to_flashinfer(
     """flashinfer's builder then builds it (its own disk cache), as if we were not there: never
     an in-memory compile that bypasses both caches, never our error."""
     mod, built = native_site
-    with caplog.at_level(logging.WARNING, logger="cute_diskcache"), _common.planning() as plan:
+    with caplog.at_level(logging.WARNING, logger="cute_diskcache"), through.planning() as plan:
         assert mod._get_kernel(object()) == "flashinfer's own build"
     assert built == [("moe", "kernel")] and plan == [] and package.real.calls == []
     assert len(caplog.records) == 1 and "no description for compile argument" in caplog.records[0].getMessage()
@@ -491,8 +492,8 @@ def test_the_native_builder_hands_a_compile_it_cannot_key_back_to_flashinfer(
 def test_the_native_builder_serves_a_keyable_compile_from_our_cache(
         package: Package, native_site: tuple[types.ModuleType, list[tuple[str, str]]]) -> None:
     mod, built = native_site
-    with _common.planning() as plan:
-        assert _common.planned(mod._get_kernel(7))
+    with through.planning() as plan:
+        assert through.planned(mod._get_kernel(7))
     assert built == [] and [p["site"] for p in plan] == ["flashinfer.hooktest.native_kernel"]
     assert hook.SERVING_NATIVE.get() is None
 
@@ -532,19 +533,19 @@ def test_side_data_of_another_shape_is_a_miss_never_an_exception(tmp_path: Path,
     row = sites.BY_WHERE[("fused_moe/cute_dsl/blackwell_sm12x/moe_direct_micro_kernel.py", "compile_direct_micro_kernel")]
     env = Environment(kind=row.namespace, package="flashinfer-python==0", sources="s", arch="sm_120a")
     site = dataclasses.replace(hook.site(row), key=lambda call: ("k", 1), env=lambda call: env, extra=None)
-    call = _common.Call({"row": row, "site": f"{row.file}:{row.function}", "wants_ptx": False},
+    call = through.Call({"row": row, "site": f"{row.file}:{row.function}", "wants_ptx": False},
                         (types.SimpleNamespace(launch_block_dim=512),), {})
-    key = _common.CacheKey(env, site.name, site.key(call), site.options(call))
+    key = through.CacheKey(env, site.name, site.key(call), site.options(call))
     stored = {"block_dim_probe": [512, True], "kwargs_wrapper": False, "calling_convention": None}
     assert cache.store.commit(key, make_artifact(extra=stored)) is not None
     for name in ("load_object", "load_shared"):
         monkeypatch.setattr(loader, name, lambda *a: pytest.fail("side data of another shape must not be loaded"))
     compiled = object()
-    kernel = _common.through_cache(site, call, lambda: compiled, cache_fn=lambda: cache)
+    kernel = through.through_cache(site, call, lambda: compiled, cache_fn=lambda: cache)
     assert kernel is compiled and cache.counters.compiles == 1 and cache.store.rejected == 1
 
-    boom = _common.Site("json", "other", "x", lambda call: ("k", 2), lambda call: env, deliver=lambda *a: {}["missing"])
-    assert _common.through_cache(boom, call, lambda: compiled, cache_fn=lambda: cache) is compiled
+    boom = through.Site("json", "other", "x", lambda call: ("k", 2), lambda call: env, deliver=lambda *a: {}["missing"])
+    assert through.through_cache(boom, call, lambda: compiled, cache_fn=lambda: cache) is compiled
 
 
 def test_the_collector_is_paused_on_the_way_to_a_hit_and_runs_during_a_compile() -> None:
@@ -570,15 +571,15 @@ def test_the_collector_is_paused_on_the_way_to_a_hit_and_runs_during_a_compile()
         seen.append(("compile", gc.isenabled()))
         return object()
 
-    site = _common.Site("x", "f", "x", key, lambda call: env)
-    call = _common.Call({}, (), {})
+    site = through.Site("x", "f", "x", key, lambda call: env)
+    call = through.Call({}, (), {})
     assert gc.isenabled()
-    _common.through_cache(site, call, compile_fn, cache_fn=Cache)
+    through.through_cache(site, call, compile_fn, cache_fn=Cache)
     assert seen == [("key", False), ("lookup", False), ("compile", True)] and gc.isenabled()
     seen.clear()
     gc.disable()
     try:
-        _common.through_cache(site, call, compile_fn, cache_fn=Cache)
+        through.through_cache(site, call, compile_fn, cache_fn=Cache)
         assert seen == [("key", False), ("lookup", False), ("compile", False)] and not gc.isenabled()
     finally:
         gc.enable()

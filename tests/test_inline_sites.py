@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from cute_diskcache.core import hook
-from cute_diskcache.flashinfer_sites import _common, sites
+from cute_diskcache.core import through
+from cute_diskcache.flashinfer_sites import sites
 from cute_diskcache.flashinfer_sites.adapter import ADAPTER as FLASHINFER
 from cute_diskcache.keys.key import UnkeyableError, encode
 
@@ -197,9 +198,9 @@ def test_ptx_options_are_kept_out_of_the_key_and_other_artifacts_are_refused() -
     the directory changes no code (not keyed), keeping the PTX is keyed (those entries carry it).
     A CUBIN a loaded kernel cannot hand back leaves the compile in memory."""
     def options(*opts: object) -> object:
-        return hook._options(_common.Call({}, (), {}, dsl_options=opts))
+        return hook._options(through.Call({}, (), {}, dsl_options=opts))
 
-    assert hook._options(_common.Call({}, (), {"options": "--enable-tvm-ffi"}))
+    assert hook._options(through.Call({}, (), {"options": "--enable-tvm-ffi"}))
     assert options(KeepPTX(), DumpDir("/tmp/a")) == options(KeepPTX(), DumpDir("/tmp/b"))
     assert options(KeepPTX(), DumpDir("/tmp/a"))[-1] == "keep-ptx" and options(DumpDir("/tmp/a"))[-1] != "keep-ptx"
     with pytest.raises(UnkeyableError, match="artifacts"):

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from cute_diskcache.core import hook
+from cute_diskcache.core import through
 from cute_diskcache.flashinfer_sites import _common, scan, sites
 from cute_diskcache.flashinfer_sites.adapter import ADAPTER as FLASHINFER
 

@@ -135,9 +135,6 @@ LAYERS = {
     "remote": {"keys", "storage"},
     "core": {"keys", "storage", "remote"},
 }
-#: The one import from core/ into an adapter, until Site, Call and through_cache (library-neutral)
-#: leave flashinfer_sites/_common.py for core/.
-CORE_INTO_ADAPTER = {("cute_diskcache.core.hook", "cute_diskcache.flashinfer_sites._common")}
 
 
 def test_each_layer_imports_only_the_layers_below() -> None:
@@ -151,7 +148,6 @@ def test_each_layer_imports_only_the_layers_below() -> None:
             theirs = dep.split(".")[1] if "." in dep else ""
             if theirs in ("cli", "prewarm") and mine in {*LAYERS, "flashinfer_sites", "b12x_sites"}:
                 wrong.append((me, dep))
-            elif mine in LAYERS and theirs != mine and theirs not in FOUNDATIONS | LAYERS[mine] \
-                    and (me, dep) not in CORE_INTO_ADAPTER:
+            elif mine in LAYERS and theirs != mine and theirs not in FOUNDATIONS | LAYERS[mine]:
                 wrong.append((me, dep))
     assert not wrong, wrong

@@ -126,11 +126,11 @@ MOE = {"micro": 1, "static": 16, "dynamic": 256}
 def _capture(kernels: list[str]) -> list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]]:
     """(name, real compile, args, kwargs) of each kernel, as the hook hands it to the cache
     (planning: the cache compiles nothing; the first-stage key is built before we look)."""
-    from cute_diskcache.flashinfer_sites import _common
+    from cute_diskcache.core import through
 
     captured: list[tuple[str, Any, tuple[Any, ...], dict[str, Any]]] = []
     current = {"name": ""}
-    real_tc = _common.through_cache
+    real_tc = through.through_cache
 
     def through_cache(site: Any, call: Any, compile_fn: Any, **kwargs: Any) -> Any:
         out = real_tc(site, call, compile_fn, **kwargs)
@@ -138,9 +138,9 @@ def _capture(kernels: list[str]) -> list[tuple[str, Any, tuple[Any, ...], dict[s
         captured.append((current["name"], real, args, kw))
         return out
 
-    _common.through_cache = through_cache
+    through.through_cache = through_cache
     try:
-        with _common.planning():
+        with through.planning():
             moe = None
             for name in kernels:
                 current["name"] = name
@@ -158,7 +158,7 @@ def _capture(kernels: list[str]) -> list[tuple[str, Any, tuple[Any, ...], dict[s
                     except Exception:  # flashinfer handling the planned stand-in after the compile
                         pass
     finally:
-        _common.through_cache = real_tc
+        through.through_cache = real_tc
     return captured
 
 

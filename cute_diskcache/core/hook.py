@@ -40,11 +40,11 @@ from .adapter import DEPTH, Adapter, Row, SideData, adapters, of_row
 from .convention import as_compiled_hit, packed_ptx, side_data, side_data_ok, with_ptx
 from .patches import PATCHES
 from .describe import Describer, evaluated_annotations
+from . import through
+from .through import Call, Site, options_text
 from .cache import HIT_FROM
 from ..keys.key import Environment, Plain, UnkeyableError, codegen_env, current_arch, env_reads, keyed_env
 from ..storage.reuse import Plan
-from ..flashinfer_sites import _common
-from ..flashinfer_sites._common import Call, Site, options_text
 
 log = logging.getLogger("cute_diskcache")
 
@@ -218,7 +218,7 @@ def _environment_of(row: Row, modules: tuple[str, ...], library: Adapter) -> Env
             continue
         if name not in reached:
             package = next((a.module for a in adapters() if a.owns(name)), library.module)
-            facts.append(_common.site_sources(name, package))
+            facts.append(through.site_sources(name, package))
             reached.update(item[0] for item in facts[-1].stamp)
     prints = [f.fingerprint for f in facts]
     reads = {name for f in facts for name in f.env_reads}
@@ -333,7 +333,7 @@ def _target_name(target: Any) -> str:
 
 @functools.lru_cache(maxsize=None)
 def site(row: Row, target: str | None = None) -> Site:
-    """The :class:`~..flashinfer_sites._common.Site` record :func:`~..flashinfer_sites._common.through_cache` takes for a row (for a
+    """The :class:`~.through.Site` record :func:`~.through.through_cache` takes for a row (for a
     per-target row, for one compile target: its entries are named after it)."""
     library = of_row(row)
     dropped = library.not_codegen_kwargs if library is not None else frozenset()
@@ -422,7 +422,7 @@ class _Dispatch:
             serving.append(row)
         uncached = _hand_back if serving is not None else None
         target = _target_name(args[0]) if row.per_target and args else None
-        return _common.through_cache(site(row, target), call, compile_fn, uncached=uncached)
+        return through.through_cache(site(row, target), call, compile_fn, uncached=uncached)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)

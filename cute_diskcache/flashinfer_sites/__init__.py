@@ -11,7 +11,10 @@ through it, so that those compiles reach the hook at all. Beside them:
 * :mod:`.compat` - what the compatibility matrix proved (verified releases, refused combinations);
 * :mod:`.scan` - the site scan behind ``doctor`` (:func:`coverage_report`), with :mod:`.known`;
 * :mod:`.driving`, :mod:`.functional`, :mod:`.dense` - prewarm's drivers of flashinfer's own dispatch;
-* :mod:`._common` - versions, the Environment, planning and :func:`~._common.through_cache`.
+* :mod:`._common` - flashinfer's version and the variables of flashinfer's that change no code.
+
+The path every compile takes (``Site``, ``through_cache``, planning) is library-neutral:
+:mod:`..core.through`.
 
 The activation hook hands us every module under :data:`.names.SITE_PACKAGES` as it is imported
 (:func:`patch`, :func:`apply_profile`) and the DSL as it is imported (:func:`attach_dsl`).
@@ -36,8 +39,6 @@ _LAZY = {
     "kernel_cache_sizes": "driving",
     "coverage_report": "scan",
     "flashinfer_version": "_common",
-    "planning": "_common",
-    "planned_requests": "_common",
 }
 
 __all__ = [
@@ -85,7 +86,7 @@ def _warm_up(md: ModuleType) -> None:
     import logging
 
     from ..core.cache import default_cache
-    from ._common import site_sources
+    from ..core.through import site_sources
 
     try:
         site_sources(md.__name__, "flashinfer")  # as the hook asks it (its adapter's module)

@@ -17,7 +17,7 @@ from typing import Any
 from ..storage import elf
 from ..keys import targets
 from ..core.patches import PATCHES
-from ._common import planned
+from ..core.through import planned
 from .names import MOE_DISPATCH, SM12X
 
 log = logging.getLogger("cute_diskcache")

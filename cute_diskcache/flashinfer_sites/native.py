@@ -29,6 +29,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from ..core.patches import PATCHES
+from ..core import through
 from . import _common
 from ..core import hook
 from .names import CUTE_DSL_CORE, MOE_DISPATCH
@@ -93,10 +94,10 @@ def _left_to_flashinfer(row: Row, real: Callable[..., Any], module_name: str, ke
     """Opt-out: flashinfer builds it; while planning, only record which kernel it would build."""
     ident = native_identity(module_name, kernel_name, compile_fn, extra_key_files, bool(kwargs.get("enable_tvm_ffi", True)))
     ident["kind"] = f"native-{row.kind}"
-    if _common.PLAN is not None:
-        _common.PLAN.append({"kind": ident["kind"], "digest": ident["digest"], "site": ident["name"], "native": True,
+    if through.PLAN is not None:
+        through.PLAN.append({"kind": ident["kind"], "digest": ident["digest"], "site": ident["name"], "native": True,
                              "cached": ident["cached"], "path": ident.get("path")})
-        return _common.PlannedKernel(ident["digest"])
+        return through.PlannedKernel(ident["digest"])
     ran: list[float] = []
 
     def counted() -> Any:

@@ -136,14 +136,14 @@ def plan(shape: Any, ms: list[int], max_num_tokens: int, functional: bool = Fals
     every workspace size those m can meet, each with the recipe that requests it again.
     ``progress``: a tqdm-like bar, advanced once per dispatch, told how many kernels so far.
     """
-    from .. import flashinfer_sites
+    from ..core import through
 
     kernels: dict[str, Kernel] = {}
-    with flashinfer_sites.planning() as requested:
+    with through.planning() as requested:
         d = _dispatcher(shape, max_num_tokens, functional)
         if getattr(d, "offline_limit", None):
             raise NotImplementedError(f"no exact offline plan: {d.offline_limit}")
-        for req, recipe, m in flashinfer_sites.planned_requests(requested, _calls(d, ms, functional), tick(progress, kernels)):
+        for req, recipe, m in through.planned_requests(requested, _calls(d, ms, functional), tick(progress, kernels)):
             k = kernels.setdefault(req["digest"], Kernel(req["digest"], req["kind"], native=bool(req.get("native")),
                                                          key=req.get("key"), recipe=recipe, extra_ok=req.get("extra_ok")))
             if req.get("native"):

@@ -123,14 +123,14 @@ def requests(args: argparse.Namespace, dense: Any, counts: tuple[int, ...]) -> l
     intercepted (each reports its key and gets a kernel that launches nothing: nothing compiles).
     b12x memoises a kernel in-process, so a job whose kernel an earlier job asked for adds none.
     This process must not serve afterwards (b12x keeps the stand-ins)."""
-    from .. import flashinfer_sites
+    from ..core import through
     from ..keys import hostmachine, targets
     from ..b12x_sites import planning
 
     planning.init_worker(args.target, hostmachine.current())
     jobs = planning.plan(dense, counts, targets.get(args.target))
     out = []
-    with flashinfer_sites.planning() as requested:
+    with through.planning() as requested:
         for job in jobs:
             before = len(requested)
             planning.run_job(job.job)

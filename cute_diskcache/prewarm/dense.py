@@ -54,11 +54,11 @@ def plan(shape: Any, ms: list[int], max_num_tokens: int, autotune: bool, new_ker
     ``new_kernel(digest, kind, key, recipe)`` makes prewarm's record of a kernel; ``after_call``
     runs after each planning call (a progress bar's tick, told about ``kernels``).
     """
-    from .. import flashinfer_sites
+    from ..core import through
 
-    with flashinfer_sites.planning() as requested:
+    with through.planning() as requested:
         d = dispatcher(shape)
-        for req, recipe, m in flashinfer_sites.planned_requests(requested, calls(d, ms, max_num_tokens, autotune), after_call):
+        for req, recipe, m in through.planned_requests(requested, calls(d, ms, max_num_tokens, autotune), after_call):
             k = kernels.get(req["digest"])
             if k is None:
                 k = kernels[req["digest"]] = new_kernel(req["digest"], req["kind"], req.get("key"), recipe)
