@@ -170,8 +170,11 @@ def set_target(name: str | None) -> None:
     with _lock:
         targets.get(name)  # unknown names fail here, loudly
         _profile_name = name
-        if "flashinfer" in sys.modules:
-            if targets.active() is None:
+        # A library already imported gets the profile now: flashinfer's import-time queries are
+        # past (one warning); b12x queries as its code runs, so for it nothing was missed (prewarm
+        # and check import b12x to plan before they install).
+        if any(m in sys.modules for m in _QUERY_ON_IMPORT):
+            if FLASHINFER in sys.modules and targets.active() is None:
                 _log().warning("target profile %s applied after flashinfer was imported; import-time queries saw the real device", name)
             _apply_profile()
         _ensure_finder()

@@ -380,16 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.table_only:
         out_dir.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        for i, cell in enumerate(chosen, 1):
-            log.info("[%d/%d] %s (%s)", i, len(chosen), cell.name, ", ".join(cell.roles))
-            try:
-                result = run_cell(cell, args.scratch, args.code)
-            except Exception as exc:  # the venv could not be built: recorded as such
-                result = {"cell": cell.name, "b12x": cell.b12x, "dsl": cell.dsl, "layer": cell.layer, "roles": list(cell.roles),
-                          "status": "failed", "reason": f"{type(exc).__name__}: {str(exc)[-600:]}", "machine": cm.machine(),
-                          "date": datetime.date.today().isoformat()}
-            (out_dir / f"{cell.name}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-            log.info("    %s in %.0f s: %s", result["status"], result.get("seconds", {}).get("total", 0), result["reason"][:300])
+        cm.run_cells(chosen, lambda cell: run_cell(cell, args.scratch, args.code), out_dir,
+                     lambda cell: {"cell": cell.name, "b12x": cell.b12x, "dsl": cell.dsl, "layer": cell.layer,
+                                   "roles": list(cell.roles)})
         if len(chosen) == len(CELLS):
             run_json = args.results / "run.json"
             info = json.loads(run_json.read_text()) if run_json.is_file() else {}

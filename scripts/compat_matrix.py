@@ -339,7 +339,7 @@ def run_doctor(run: Run) -> tuple[subprocess.CompletedProcess[str], dict[str, An
 
 def doctor(run: Run) -> dict[str, Any]:
     t = time.perf_counter()
-    _proc, report, rc_strict = run_doctor(run)
+    proc, report, rc_strict = run_doctor(run)
     return {
         "rc_strict": rc_strict,
         "refused": report.get("refused"),
@@ -655,6 +655,23 @@ def select(names: Iterable[str]) -> list[Cell]:
     return list(dict.fromkeys(out))
 
 
+def run_cells(chosen: list[Any], run_one: Any, out_dir: Path, identity: Any, after: Any = None) -> None:
+    """Run each cell and write its JSON to ``out_dir``, one at a time with a log line before and
+    after; a cell whose venv could not be built is recorded as failed (``identity(cell)`` plus the
+    reason), never skipped. Shared by the flashinfer axis and the b12x axis (compat_b12x.py)."""
+    for i, cell in enumerate(chosen, 1):
+        log.info("[%d/%d] %s (%s)", i, len(chosen), cell.name, ", ".join(cell.roles))
+        try:
+            result = run_one(cell)
+        except Exception as exc:  # the venv could not be built: recorded as such
+            result = {**identity(cell), "status": "failed", "reason": f"{type(exc).__name__}: {str(exc)[-600:]}",
+                      "machine": machine(), "date": datetime.date.today().isoformat()}
+        (out_dir / f"{cell.name}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        log.info("    %s in %.0f s: %s", result["status"], result.get("seconds", {}).get("total", 0), result["reason"][:300])
+        if after is not None:
+            after(cell)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cells", nargs="+", default=["all"], help="cell names, flashinfer versions, 'ci' or 'all'")
@@ -678,18 +695,13 @@ def main(argv: list[str] | None = None) -> int:
         cells_dir.mkdir(parents=True, exist_ok=True)
         chosen = select(args.cells)
         t0 = time.perf_counter()
-        for i, cell in enumerate(chosen, 1):
-            log.info("[%d/%d] %s (%s)", i, len(chosen), cell.name, ", ".join(cell.roles))
-            try:
-                result = run_cell(cell, args.scratch, args.code)
-            except Exception as exc:  # the venv could not be built: recorded as such
-                result = {"cell": cell.name, "flashinfer": cell.flashinfer, "dsl": cell.dsl, "cu13": cell.cu13,
-                          "roles": list(cell.roles), "status": "failed", "reason": f"{type(exc).__name__}: {str(exc)[-600:]}",
-                          "machine": machine(), "date": datetime.date.today().isoformat()}
-            (cells_dir / f"{cell.name}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-            log.info("    %s in %.0f s: %s", result["status"], result.get("seconds", {}).get("total", 0), result["reason"][:300])
+        def after(cell: Any) -> None:
             if args.drop_venvs:
                 shutil.rmtree(args.scratch / "cells" / cell.name, ignore_errors=True)
+
+        run_cells(chosen, lambda cell: run_cell(cell, args.scratch, args.code), cells_dir,
+                  lambda cell: {"cell": cell.name, "flashinfer": cell.flashinfer, "dsl": cell.dsl, "cu13": cell.cu13,
+                                "roles": list(cell.roles)}, after)
         if len(chosen) == len(CELLS):
             venv_s = sum(r.get("seconds", {}).get("venv", 0) for r in load_results(args.results))
             run_info = {"date": datetime.date.today().isoformat(), "cells": len(chosen),

@@ -22,16 +22,18 @@ if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv --without-pip "$venv"
 fi
 site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-if ! "$venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("b12x") != "1.5.1")' 2>/dev/null; then
+if ! "$venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("b12x") != "1.5.1" or m.version("flashinfer-python") != "0.7.4")' 2>/dev/null; then
     if [ -d "$cell" ]; then
         cell_site="$("$cell/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
         echo "$cell_site" > "$site/zz_b12x_cell.pth"
         # The cell's own .pth lines (its base: torch, msgpack, ...) are read from its directory.
         echo "import site; site.addsitedir('$cell_site')" >> "$site/zz_b12x_cell.pth"
     else
+        # The cell's contents, flashinfer 0.7.4 included (its embedded b12x copy is what
+        # tests/test_b12x.py tells apart from the standalone package), on a machine without it.
         "$python" -m pip --python "$venv/bin/python" install --quiet \
-            "torch==2.13.0" "nvidia-cutlass-dsl==4.8.0" "nvidia-cutlass-dsl-libs-cu13==4.8.0" cuda-python \
-            msgpack platformdirs filelock triton numpy pytest
+            "torch==2.13.0" "flashinfer-python==0.7.4" "nvidia-cutlass-dsl==4.8.0" "nvidia-cutlass-dsl-libs-cu13==4.8.0" \
+            cuda-python msgpack platformdirs filelock triton numpy pytest
     fi
     "$python" -m pip --python "$venv/bin/python" install --quiet --no-deps "b12x==1.5.1" \
         "apache-tvm-ffi==0.1.15.post2" rich safetensors msgpack platformdirs filelock

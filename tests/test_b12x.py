@@ -419,7 +419,17 @@ def test_after_prewarm_vllms_b12x_warmup_path_compiles_nothing(b12x_python: str,
     fresh = json.loads(proc.stdout.strip().splitlines()[-1])
     _stderr, _log, real = split_stderr(proc.stderr)
     assert real == 0 and fresh["compiles"] == 0 and fresh["counters"]["hits"] == kernels, (real, fresh)
+    _prewarm_again_skips_every_job(b12x_python, root, compile_hook_dir, kernels)
     _check_gates_the_prewarmed_root(b12x_python, root, compile_hook_dir)
+
+
+def _prewarm_again_skips_every_job(python: str, root: Path, hook_dir: Path, kernels: int, *flags: str) -> None:
+    """A second prewarm over the filled root plans, finds every job's kernels in the store and
+    reports them cached without a worker loading them (flashinfer's prewarm skips its cached
+    kernels too); the code before loaded every entry again in spawned workers."""
+    out, _ = _prewarm(python, root, hook_dir, "--jobs", "2", *flags)
+    assert out["kernels_compiled"] == 0 and out["kernels_cached"] == kernels and out["errors"] == 0, out
+    assert {r["status"] for r in out["job_list"]} == {"cached"} and sum(r["seconds"] for r in out["job_list"]) == 0, out["job_list"]
 
 
 def _check(python: str, root: Path, hook_dir: Path, *flags: str) -> subprocess.CompletedProcess[str]:
@@ -478,6 +488,22 @@ SPARK = ("--target", "dgx-spark", "--linear-backend", "b12x", "--m", "1")
 def _cli(python: str, root: Path, *args: str, hook_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([python, "-m", "cute_diskcache", "--root", str(root), *args], env=_env(root, {}, hook_dir),
                           capture_output=True, text=True, timeout=TIMEOUT_S, cwd=str(hook_dir or root.parent))
+
+
+def test_a_target_chosen_after_b12x_was_imported_still_applies(b12x_python: str) -> None:
+    """prewarm and check import b12x to plan before they install the cache with the target; the
+    profile was applied only once flashinfer was imported, so on an environment where nothing
+    imports flashinfer the DSL compiled for its own default arch (sm_100a) and check looked in
+    that namespace. Now a library already imported gets the profile when the target is set."""
+    out = _child(b12x_python, """
+        import json, os, sys
+        import b12x._lib.compiler
+        from cute_diskcache.activation import install
+        install(target="dgx-spark")
+        from cute_diskcache.keys import key
+        print(json.dumps([os.environ.get("CUTE_DSL_ARCH"), key.current_arch(), "flashinfer" in sys.modules]))
+    """, {})
+    assert out == ["sm_121a", "sm_121a", False], out
 
 
 def test_a_spark_target_plans_and_checks_b12x_s_kernels_in_the_aarch64_namespace(b12x_python: str, tmp_path: Path) -> None:
@@ -543,3 +569,9 @@ def test_prewarm_for_a_spark_cross_builds_b12x_s_kernels_and_names_the_gate(b12x
     checked = subprocess.run([b12x_python, "-m", "cute_diskcache", *gate[1:]], env=_env(root, {}, compile_hook_dir),
                              capture_output=True, text=True, timeout=TIMEOUT_S, cwd=compile_hook_dir)
     assert checked.returncode == 0 and checked.stdout.startswith(f"ok: all {len(manifests)} kernels"), checked.stdout + checked.stderr[-3000:]
+    again = _cli(b12x_python, root, "prewarm", MODEL, *SPARK, "--jobs", "2", "--json", hook_dir=compile_hook_dir)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-4000:]
+    out = json.loads(again.stdout)
+    assert out["kernels_compiled"] == 0 and out["kernels_cached"] == len(manifests), out
+    assert {r["status"] for r in out["job_list"]} == {"cached"}, "a second cross-build plans and skips: no worker loads aarch64 code"
+    assert sorted(root.rglob(entry.MANIFEST)) == manifests
