@@ -221,11 +221,13 @@ def test_s3_stale_lease_is_taken_over_once(s3_env: Any) -> None:
     backend = FsspecBackend(url, timeout=2)
     assert backend.supports_lease
     name = f"cute-diskcache/lease/ns/{os.urandom(8).hex()}"
-    assert backend.lease_acquire(name, "dead", 0.5)
+    assert backend.lease_acquire(name, "dead", 60)
     assert not backend.lease_acquire(name, "a", 5) and not backend.lease_renew(name, "a", 5)
-    time.sleep(0.7)
+    # The holder dies: its lease is left expired. Written here rather than waited for, so a slow
+    # machine cannot let a short lease lapse before the "held" assertions above (CI of d9710e2).
+    assert backend._put_lease(name, "dead", -1.0, {})
     current = backend._current(name)
-    assert current is not None and current[0] == "dead"
+    assert current is not None and current[0] == "dead" and current[1] < time.time()
     assert backend._put_lease(name, "a", 5, {"IfMatch": current[2]})  # a takes over the version it read...
     assert not backend._put_lease(name, "b", 5, {"IfMatch": current[2]})  # ...b, who read the same, cannot
     assert not backend.lease_acquire(name, "b", 5)
@@ -637,9 +639,10 @@ def test_redis_renewal_after_loss_is_refused(redis_db: Any, redis_url: str) -> N
 
     backend = RedisBackend(redis_url, timeout=1.0)
     name = f"cute-diskcache/lease/ns/{os.urandom(8).hex()}"
-    assert backend.lease_acquire(name, "old", 0.3)
+    assert backend.lease_acquire(name, "old", 60.0)
     assert not backend.lease_acquire(name, "new", 5.0), "held"
-    time.sleep(0.5)
+    redis_db.pexpire(name, 1)  # the holder died: its lease lapses (not waited for: see the S3 twin)
+    time.sleep(0.05)
     assert backend.lease_acquire(name, "new", 5.0), "expired: taken over"
     assert not backend.lease_renew(name, "old", 5.0)
     backend.lease_release(name, "old")
