@@ -31,6 +31,15 @@ Then ``prove`` runs the whole proof of issue 30, for ``--target dgx-spark``:
     python scripts/emulated_aarch64.py prove          # build if needed, then the proof (JSON on stdout)
     python scripts/emulated_aarch64.py prove --m 1,16,128 --out bench/results/spark_emulated.json
 
+``prove-b12x`` does the same for the b12x package's NVFP4 linear kernels (issue 32): b12x goes beside
+each interpreter (``--target`` directories under the scratch, on ``PYTHONPATH``; the venv itself stays
+the flashinfer proof's), ``prewarm llama-3.1-8b-nvfp4 --target dgx-spark --linear-backend b12x`` runs
+on this x86_64 machine (cross-built) and, unless ``--no-native``, in the aarch64 Python, and a fresh
+aarch64 process drives b12x's own planning and compile factories (``tests/b12x_linear_driver.py``,
+what vLLM's b12x warm-up reaches) on the cross-built cache: 0 compiles, a hit per kernel.
+
+    python scripts/emulated_aarch64.py prove-b12x --m 1,8 --out bench/results/spark_emulated_b12x.json
+
 Emulation is CPU heavy: run it under ``nice -n 10`` where others share the machine.
 ``tests/test_spark_emulated.py`` runs the same proof on one small kernel set.
 """
@@ -89,6 +98,11 @@ OTHERS = (
     # cute-diskcache's own
     "msgpack==1.2.4", "platformdirs==4.14.9",
 )
+#: b12x and what it imports that the venv lacks, at the versions vLLM 0.34 resolves; --no-deps (its
+#: torch>=2.12 pin would pull a CUDA build). b12x 1.5.1 pins DSL 4.8.0; it runs on this stack's DSL,
+#: and both sides must share one DSL (it is keyed).
+B12X_WHEELS = ("b12x==1.5.1", "rich==15.0.0", "markdown-it-py==4.3.0", "mdurl==0.1.2", "pygments==2.21.0", "safetensors==0.8.0")
+B12X_MODEL = "llama-3.1-8b-nvfp4"
 _PLATFORMS = ("manylinux_2_36_aarch64", "manylinux_2_35_aarch64", "manylinux_2_34_aarch64", "manylinux_2_31_aarch64",
               "manylinux_2_28_aarch64", "manylinux_2_27_aarch64", "manylinux_2_24_aarch64", "manylinux_2_17_aarch64",
               "manylinux2014_aarch64", "linux_aarch64")
@@ -200,6 +214,23 @@ def build(scratch: Path = DEFAULT_SCRATCH) -> Path:
     python.chmod(0o755)
     (site / "cdc-checkout.pth").write_text(f"{REPO}\n")  # this checkout's cute_diskcache, as an editable install would
     return python
+
+
+def build_b12x(scratch: Path = DEFAULT_SCRATCH) -> dict[str, Path]:
+    """b12x for each side (reused): machine -> a directory to put on that interpreter's ``PYTHONPATH``."""
+    out = {}
+    for machine in ("aarch64", "x86_64"):
+        target = scratch / f"b12x-{machine}"
+        stamp = scratch / f"b12x-{machine}.json"
+        if not _stamp(stamp, list(B12X_WHEELS)) or not (target / "b12x").is_dir():
+            shutil.rmtree(target, ignore_errors=True)
+            where = [a for p in _PLATFORMS for a in ("--platform", p)] + [
+                "--python-version", PYTHON_MINOR, "--implementation", "cp", "--abi", "cp" + PYTHON_MINOR.replace(".", "")]
+            _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", target, "--only-binary=:all:",
+                  *(where if machine == "aarch64" else []), *B12X_WHEELS])
+            stamp.write_text(json.dumps(list(B12X_WHEELS)))
+        out[machine] = target
+    return out
 
 
 def child_env(root: Path, extra: Mapping[str, str] | None = None, hook_dir: Path | None = None) -> dict[str, str]:
@@ -322,6 +353,68 @@ def prove(scratch: Path = DEFAULT_SCRATCH, ms: Sequence[int] = DEFAULT_MS, workd
     return report
 
 
+def prove_b12x(scratch: Path = DEFAULT_SCRATCH, ms: Sequence[int] = (1,), workdir: Path | None = None,
+               hook_dir: Path | None = None, native: bool = True) -> dict[str, Any]:
+    """b12x's linear kernels for a Spark (module docstring, ``prove-b12x``); measurements and ``ok``.
+
+    ``native``: also prewarm in the aarch64 Python (minutes a kernel) and compare its entries with
+    the cross-built ones; the test leaves it out to save time.
+    """
+    python, sites = build(scratch), build_b12x(scratch)
+    work = workdir or scratch / "proof-b12x"
+    shutil.rmtree(work, ignore_errors=True)
+    roots = {name: work / name / "root" for name in ("emulated", "cross")}
+    plan = ["prewarm", B12X_MODEL, "--target", TARGET, "--linear-backend", "b12x", "--m", ",".join(map(str, ms)), "--jobs", "1", "--json"]
+
+    def prewarm_b12x(py: Path | str, machine: str, root: Path) -> dict[str, Any]:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        proc = subprocess.run([str(py), "-m", "cute_diskcache", *plan], env=child_env(root, {"PYTHONPATH": str(sites[machine])}),
+                              capture_output=True, text=True, timeout=STEP_TIMEOUT_S, cwd=root.parent)
+        if proc.returncode != 0:
+            raise RuntimeError(f"b12x prewarm ({machine}) exited {proc.returncode}\n{proc.stderr[-4000:]}")
+        out: dict[str, Any] = json.loads(proc.stdout)
+        return {"kernels_compiled": out["kernels_compiled"], "jobs": out["jobs"], "errors": out["errors"], "seconds": out["seconds"],
+                "host_machine": out["host_machine"], "namespaces": out["written"]["namespaces"],
+                "process_seconds": round(time.perf_counter() - t0, 2),
+                "per_kernel": [{"linear": j["linear"], "ms": j["ms"], "seconds": round(j["seconds"], 2)} for j in out["job_list"] if j["compiles"]]}
+
+    report: dict[str, Any] = {"machine": f"{platform.machine()} {_cpu_name()}, {os.cpu_count()} cores", "load_before": os.getloadavg(),
+                              "ms": list(ms), "target": TARGET, "model": B12X_MODEL, "qemu": _qemu_version(),
+                              "stack": keyed_versions(), "b12x": list(B12X_WHEELS), "aarch64_torch": OTHERS[0], "prewarm": {}}
+    report["prewarm"]["cross"] = prewarm_b12x(sys.executable, "x86_64", roots["cross"])
+    if native:
+        report["prewarm"]["emulated"] = prewarm_b12x(python, "aarch64", roots["emulated"])
+    # the engine: a fresh aarch64 process through b12x's planning and compile factories, counted at the DSL too
+    path = os.pathsep.join(str(p) for p in (hook_dir, sites["aarch64"]) if p is not None)
+    t0 = time.perf_counter()
+    proc = subprocess.run([str(python), str(REPO / "tests" / "b12x_linear_driver.py"), B12X_MODEL, TARGET, ",".join(map(str, ms))],
+                          env=child_env(roots["cross"], {"PYTHONPATH": path, "FLASHINFER_B12X_DISK_CACHE": "1"}),
+                          capture_output=True, text=True, timeout=STEP_TIMEOUT_S, cwd=roots["cross"].parent)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the emulated b12x engine exited {proc.returncode}\n{proc.stderr[-4000:]}")
+    engine: dict[str, Any] = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
+    counted = re.findall(r"^cdc-test real compiles: (\d+)$", proc.stderr, re.M)
+    report["engine_on_cross"] = {"jobs": engine["jobs"], "compiles": engine["counters"]["compiles"], "hits": engine["counters"]["hits"],
+                                 "misses": engine["counters"]["misses"], "real_compiles": int(counted[-1]) if counted else None,
+                                 "load_seconds": round(engine["counters"]["load_seconds"], 3),
+                                 "process_seconds": round(time.perf_counter() - t0, 2),
+                                 "attach_line": next((ln for ln in proc.stderr.splitlines() if "attached:" in ln), None)}
+    cross = entries(roots["cross"])
+    report["entries"] = {"keys": len(cross), "namespaces": sorted({e["namespace"] for e in cross.values()}),
+                         "elf_machines": sorted({e["elf_machine"] for e in cross.values()})}
+    if native:
+        emulated = entries(roots["emulated"])
+        report["entries"]["same_keys"] = sorted(emulated) == sorted(cross)
+        report["entries"]["cubins_identical"] = bool(emulated) and all(emulated[d]["cubins"] == cross.get(d, {}).get("cubins") for d in emulated)
+    report["load_after"] = os.getloadavg()
+    e, n = report["engine_on_cross"], len(cross)
+    report["ok"] = bool(n and report["prewarm"]["cross"]["kernels_compiled"] == n and report["entries"]["elf_machines"] == [183]
+                        and e["compiles"] == 0 and e["misses"] == 0 and e["hits"] == n and e["real_compiles"] in (0, None)
+                        and report["entries"].get("same_keys", True) and report["entries"].get("cubins_identical", True))
+    return report
+
+
 def _brief(summary: Mapping[str, Any]) -> dict[str, Any]:
     return {"kernels": summary["kernels"], "compiled": summary["compiled"], "failed": summary["failed"],
             "host_machine": summary.get("host_machine"), "wall_seconds": summary["wall_seconds"],
@@ -355,10 +448,10 @@ def _qemu_version() -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("command", choices=("build", "prove"))
+    ap.add_argument("command", choices=("build", "prove", "prove-b12x"))
     ap.add_argument("--scratch", type=Path, default=DEFAULT_SCRATCH, help=f"where the environment lives (default {DEFAULT_SCRATCH})")
     ap.add_argument("--m", default=",".join(map(str, DEFAULT_MS)), help="batch sizes to prewarm and drive (default: one micro, static, dynamic)")
-    ap.add_argument("--no-native", dest="native", action="store_false", help="skip the x86_64-host prewarm and engine")
+    ap.add_argument("--no-native", dest="native", action="store_false", help="skip the x86_64-host prewarm and engine (prove-b12x: the aarch64 prewarm)")
     ap.add_argument("--out", type=Path, help="also write the report (without the summaries) to this JSON file")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -369,9 +462,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "build":
         print(build(args.scratch))
         return 0
-    report = prove(args.scratch, [int(m) for m in args.m.split(",")], native=args.native)
-    for step in report["prewarm"].values():
-        step.pop("summary", None)
+    ms = [int(m) for m in args.m.split(",")]
+    if args.command == "prove-b12x":
+        report = prove_b12x(args.scratch, ms, native=args.native)
+    else:
+        report = prove(args.scratch, ms, native=args.native)
+        for step in report["prewarm"].values():
+            step.pop("summary", None)
     text = json.dumps(report, indent=1)
     print(text)
     if args.out:

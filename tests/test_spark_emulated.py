@@ -13,7 +13,9 @@ figures are in docs/performance.md):
   objects, and the aarch64 engine hits those too;
 * ``check --target dgx-spark`` on x86 passes on the aarch64-built cache (it answers for a Spark);
 * the aarch64 DSL cannot write x86_64 host code: a prewarm there for an x86 card stops before
-  compiling, exit 2, naming the mismatch and the command that works.
+  compiling, exit 2, naming the mismatch and the command that works;
+* the b12x package's NVFP4 linear kernels (issue 32), prewarmed on this x86 box for a Spark, are
+  hit by a fresh aarch64 process driving b12x's own planning and compile factories: 0 compiles.
 """
 
 from __future__ import annotations
@@ -107,3 +109,24 @@ def test_the_aarch64_dsl_cannot_write_x86_host_code_and_says_what_works(python: 
     assert "docker run --rm --platform linux/amd64" in line and "cute-diskcache prewarm qwen3-30b-a3b" in line, line
     assert not list(root.glob("v1/*/*/*/manifest.msgpack")), "nothing compiled, nothing written"
     print(line)
+
+
+@pytest.fixture(scope="module")
+def b12x_proof(tmp_path_factory: pytest.TempPathFactory, compile_hook_dir: Path, python: Path) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("spark-b12x")
+    report: dict[str, Any] = emulation().prove_b12x(ms=(1,), workdir=work, hook_dir=compile_hook_dir, native=False)
+    print(json.dumps(report, indent=1, default=str))
+    return report
+
+
+def test_b12x_kernels_cross_built_for_a_spark_are_hit_by_an_aarch64_engine(b12x_proof: dict[str, Any]) -> None:
+    cross = b12x_proof["prewarm"]["cross"]
+    # llama-3.1-8b-nvfp4's four linear shapes at one token: four kernels, aarch64 host code written on x86
+    assert cross["kernels_compiled"] == cross["jobs"] == 4 and cross["errors"] == 0 and cross["host_machine"] == "aarch64", cross
+    [namespace] = cross["namespaces"]
+    assert namespace.startswith("b12x-1.5.1-sm_121a-aarch64-"), namespace
+    assert b12x_proof["entries"]["elf_machines"] == [183] and b12x_proof["entries"]["keys"] == 4, b12x_proof["entries"]
+    engine = b12x_proof["engine_on_cross"]
+    assert engine["real_compiles"] == 0 and engine["compiles"] == 0 and engine["misses"] == 0 and engine["hits"] == 4, engine
+    assert "b12x 1.5.1" in engine["attach_line"] and "aarch64" in engine["attach_line"], engine["attach_line"]
+    assert b12x_proof["ok"]
