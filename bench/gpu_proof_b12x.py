@@ -41,6 +41,10 @@ Run on 2026-12-06 on the lent H100 (Python 3.12, torch 2.11+cu130, DSL 4.8.0, b1
   process 0, and a fresh process on the CPU prewarm's root 0 compiles, 7 hits (22 ms of loads); the
   same 7 keys on both sides, every cubin and MLIR byte-identical (the host objects differ: each
   machine's host code), the same launch result (an sm_120a kernel on an sm_90 GPU) cold and warm.
+* rerun on the code of stop 36 (``bench/results/gpu_proof_b12x_h100_rerun.json``, the lent H100,
+  the same versions, the CPU root prewarmed on this code on the 2-core x86_64 EPYC VM): cold 7
+  compiles (5.2 s of compile), warm 0, the CPU prewarm's root 0 compiles and 7 hits (16 ms of
+  loads); the same 7 keys, cubins byte-identical, the same launch result.
 """
 
 from __future__ import annotations

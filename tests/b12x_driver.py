@@ -29,14 +29,17 @@ def main() -> None:
     from b12x._lib import compile_pool
     from b12x._lib.quant import mxfp8_rows
 
+    from cute_diskcache.b12x_sites import native
+
+    # This process stands in for an engine on a GPU, which never runs b12x's worker set-up: it is
+    # not one of b12x's pool workers, so b12x's disk stays aside (the set-up below marks it as one).
+    native.keep_store_aside()
     compile_pool._initialize_worker(0, (12, 0), "GPU-00000000-0000-0000-0000-000000000000",
                                     "NVIDIA RTX PRO 6000 Blackwell Server Edition", 188, 101376, 102400,
                                     multiprocessing.Array("q", (0, 0)))
     for k in (int(v) for v in os.environ.get("B12X_DRIVER_K", "256").split(",")):
         compiled = mxfp8_rows._get_compiled_mxfp8_rows_quant(k, torch.float16, 8, 128, "linear", device_ordinal=0, sm_count=188)
         assert callable(compiled)
-    from cute_diskcache.b12x_sites import native
-
     b12x_dir = compiler._cute_compile_cache_dir()
     print(json.dumps({
         "counters": cute_diskcache.counters(),

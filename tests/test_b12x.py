@@ -325,7 +325,7 @@ def test_the_b12x_adapter_stays_small_and_each_module_says_what_it_owns() -> Non
     from cute_diskcache import b12x_sites
 
     modules = sorted(Path(b12x_sites.__file__).parent.glob("*.py"))
-    assert sum(len(p.read_text().splitlines()) for p in modules) <= 650  # 605 with planning, the planning-API check and cross-host targets
+    assert sum(len(p.read_text().splitlines()) for p in modules) <= 650  # 646 with planning, the planning-API check, cross-host targets and the compile pool's publishing
     for path in modules:
         doc = ast.get_docstring(ast.parse(path.read_text()))
         assert doc and len(doc.splitlines()[0]) > 20, path.name
@@ -575,3 +575,92 @@ def test_prewarm_for_a_spark_cross_builds_b12x_s_kernels_and_names_the_gate(b12x
     assert out["kernels_compiled"] == 0 and out["kernels_cached"] == len(manifests), out
     assert {r["status"] for r in out["job_list"]} == {"cached"}, "a second cross-build plans and skips: no worker loads aarch64 code"
     assert sorted(root.rglob(entry.MANIFEST)) == manifests
+
+
+# --------------------------------------------------------------------------------------------
+# b12x's own flows that pass kernels between processes through its disk layer
+# --------------------------------------------------------------------------------------------
+
+_POOL = """
+    import json, sys, time
+    from pathlib import Path
+    from cute_diskcache.keys import targets
+    from cute_diskcache.prewarm import models
+    from cute_diskcache.b12x_sites import planning
+    from b12x._lib import compile_plan, compiler
+    from b12x._lib.compile_pool import CompilePool
+
+    def main():
+        card = "rtx-pro-6000"
+        profile = targets.get(card)
+        # b12x's planning for one linear shape, as prewarm plans it (b12x's own query -> plan -> jobs)
+        planning.init_worker(card)
+        job = planning.plan(models.dense_shape("llama-3.1-8b-nvfp4"), (1,), profile)[1].job
+        # b12x's startup preparation with one compile worker: a spawned process, our cache on in it
+        pool = CompilePool(device_ordinal=0, compute_capability=tuple(profile.capability),
+                           device_uuid="GPU-00000000-0000-0000-0000-000000000000", product_name=profile.device_name,
+                           sm_count=profile.sm_count, max_shared_memory_per_block=profile.max_shared_memory_per_block_optin,
+                           max_shared_memory_per_multiprocessor=profile.max_shared_memory_per_multiprocessor, workers=1)
+        programs = tuple(pool.submit_plans(pool.plan([job]), required=True))
+        deadline = time.monotonic() + 240
+        while not pool.ready(programs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        ready = pool.ready(programs)
+        pool.close(terminate=True)
+        keys = [p.key for p in programs if p.dialect == "cute"]
+        loads = {}
+        for when, scope in (("serving", None), ("no_lowering", compile_plan.forbid_lowering)):
+            if scope is None:
+                loads[when] = [compiler._load_cute_compile_from_disk(k) is not None for k in keys]
+            else:
+                with scope():
+                    loads[when] = [compiler._load_cute_compile_from_disk(k) is not None for k in keys]
+        print(json.dumps({"ready": ready, "cute_programs": len(keys),
+                          "available": [compile_plan.compiled_program_available(p) for p in programs],
+                          "loads": loads}))
+
+    if __name__ == "__main__":
+        main()
+"""
+
+
+@pytest.mark.slow
+def test_b12x_s_compile_pool_publishes_to_its_parent_while_ours_serves(b12x_python: str, tmp_path: Path) -> None:
+    """b12x's preparation with compile workers learns that a worker's kernel exists, and loads it,
+    only through b12x's disk (``compiled_program_available``; a no-compilation phase loads, never
+    compiles). With b12x's disk standing aside everywhere, the parent never saw the worker's kernel:
+    a ``PreparationSession(compile_workers>0)`` then failed with "compiler completed without
+    publishing required artifacts". Now the worker compiles through our hook (the kernel is in our
+    cache) and still publishes to b12x's disk; outside a no-compilation phase a load stays ours."""
+    root, b12x_cache, site = tmp_path / "root", tmp_path / "b12x-cache", tmp_path / "site"
+    # activation as an installed package has it, in the worker b12x spawns too: our .pth, read at start-up
+    site.mkdir()
+    shutil.copy(REPO / "cute_diskcache.pth", site / "zz_cute_diskcache.pth")
+    (site / "sitecustomize.py").write_text(f"import site\nsite.addsitedir({str(site)!r})\n")
+    script = tmp_path / "pool_parent.py"
+    script.write_text(textwrap.dedent(_POOL))
+    env = _env(root, {"FLASHINFER_B12X_DISK_CACHE": "1", "CUTE_DISKCACHE_TARGET": "rtx-pro-6000",
+                      "B12X_COMPILE_CACHE_DIR": str(b12x_cache)})
+    env["PYTHONPATH"] = os.pathsep.join((str(site), env["PYTHONPATH"]))
+    proc = subprocess.run([b12x_python, str(script)], env=env, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["ready"] and out["cute_programs"] == 1, out
+    assert out["available"] == [True], "the parent sees what its worker compiled"
+    assert out["loads"] == {"serving": [False], "no_lowering": [True]}, out
+    assert [e.rsplit(".", 1)[0] for e in _entries(root)] == ["b12x.dense_gemm"], "the worker's compile went through our cache"
+    assert len(list(b12x_cache.rglob("*.o"))) == 1, "and was published where b12x's parent reads it"
+
+
+def test_our_prewarm_workers_leave_b12x_s_disk_alone(b12x_python: str, tmp_path: Path) -> None:
+    """b12x's worker set-up, which our prewarm workers run too, marks a process as b12x's compile
+    worker; ours must still write only our cache (a build box gets no b12x cache of its own)."""
+    out = _child(b12x_python, """
+        import json
+        from cute_diskcache.b12x_sites import native, planning
+        from b12x._lib import compiler
+        planning.init_worker("rtx-pro-6000")
+        print(json.dumps({"offline_worker": bool(compiler._OFFLINE_CUTE_NO_JIT), "publishes": native._publishes(compiler),
+                          "lock": type(compiler._disk_cache_key_lock("0" * 64)).__name__}))
+    """, {})
+    assert out == {"offline_worker": True, "publishes": False, "lock": "nullcontext"}, out

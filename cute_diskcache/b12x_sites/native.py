@@ -8,6 +8,15 @@ replacing the four functions of :data:`.sites.NATIVE_LAYER` in ``b12x._lib.compi
 global name at call time), recorded in :data:`~..core.patches.PATCHES` so :func:`unpatch` restores them.
 A compile then reaches the hook, which hits ours or compiles and commits.
 
+Where b12x passes kernels between processes through its disk layer, the layer stays b12x's:
+a compile worker of b12x's ``CompilePool`` (``_OFFLINE_CUTE_NO_JIT`` set; our prewarm workers,
+which set it too, excluded by :func:`keep_store_aside`) still compiles through the hook, then stores
+into b12x's disk (under b12x's lock), the only place its parent looks
+(``compile_plan.compiled_program_available``); inside b12x's ``no_compilation()`` (lowering
+forbidden) a load is b12x's own, the only path b12x allows there. Standing aside there made
+``PreparationSession(compile_workers>0)`` fail ("compiler completed without publishing required
+artifacts"); vLLM 0.34's lazy, in-process b12x path meets neither flow.
+
 b12x's switches keep their meaning: ``B12X_COMPILE_DISK_CACHE=0`` turns b12x's layer off (ours
 still serves: ``FLASHINFER_B12X_DISK_CACHE`` turns ours on); its memory cache and its logs are
 untouched. With ``CUTE_DISKCACHE_NATIVE_SITES`` naming b12x nothing is replaced (the hook hands
@@ -19,36 +28,63 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 from types import ModuleType
 from typing import Any
 
 from ..core.patches import PATCHES
-from . import adapter, sites
+from . import adapter, names, sites
 
 log = logging.getLogger("cute_diskcache")
 _MARKER = "_cdc_b12x_aside"
 
 
-def _no_load(cache_key: str) -> None:
-    return None
+#: Set in our own prewarm workers (:func:`keep_store_aside`), which b12x's worker set-up marks as
+#: its compile workers too: they publish to our cache only.
+_store_aside_always = False
 
 
-def _no_store(*_args: Any, **_kwargs: Any) -> None:
-    return None
+def keep_store_aside() -> None:
+    """This process runs b12x's worker set-up only to compile without a GPU (a prewarm worker of
+    ours, a test's stand-in for an engine), not as a worker of b12x's pool: never store into b12x's disk."""
+    global _store_aside_always
+    _store_aside_always = True
 
 
-def _no_lock(cache_key: str) -> contextlib.AbstractContextManager[None]:
-    return contextlib.nullcontext()
+def _publishes(module: ModuleType) -> bool:
+    """A compile worker of b12x's own pool: its parent finds its kernels only in b12x's disk."""
+    return bool(getattr(module, "_OFFLINE_CUTE_NO_JIT", False)) and not _store_aside_always
 
 
-_STAND_INS = {
-    "_load_cute_compile_from_disk": _no_load,
-    "_store_cute_compile_to_disk": _no_store,
-    "_ensure_cute_compile_manifest": _no_store,
-    "_disk_cache_key_lock": _no_lock,
-}
-for _fn in _STAND_INS.values():
-    setattr(_fn, _MARKER, True)
+def _lowering_forbidden() -> bool:
+    """Inside b12x's ``no_compilation()``: only b12x's own loads may resolve a kernel."""
+    plan = sys.modules.get(names.COMPILE_PLAN)
+    flag = getattr(plan, "_FORBID_LOWERING", None)
+    try:
+        return bool(flag.get()) if flag is not None else False
+    except Exception:  # a b12x whose flag is no ContextVar: not a phase we know
+        return False
+
+
+def _stand_in(name: str, real: Any, module: ModuleType) -> Any:
+    """b12x's ``name`` while ours serves: a no-op, but b12x's own in the two flows of the module docstring."""
+    if name == "_load_cute_compile_from_disk":
+        def load(cache_key: str) -> Any:
+            return real(cache_key) if _lowering_forbidden() else None
+        fn: Any = load
+    elif name == "_disk_cache_key_lock":
+        def lock(cache_key: str) -> contextlib.AbstractContextManager[Any]:
+            return real(cache_key) if _publishes(module) else contextlib.nullcontext()
+        fn = lock
+    else:  # the store and the manifest: written where the parent reads them
+        def write(*args: Any, **kwargs: Any) -> Any:
+            if _publishes(module) or (name == "_ensure_cute_compile_manifest" and _lowering_forbidden()):
+                return real(*args, **kwargs)
+            return None
+        fn = write
+    setattr(fn, _MARKER, True)
+    fn.__name__ = fn.__qualname__ = f"cute_diskcache_{name.strip('_')}"
+    return fn
 
 
 def standalone(module: ModuleType) -> bool:
@@ -68,7 +104,7 @@ def patch(module: ModuleType) -> bool:
                     adapter.version(), ", ".join(missing))
         return False
     for name in sites.NATIVE_LAYER:
-        PATCHES.replace(module, name, _MARKER, lambda _real, name=name: _STAND_INS[name])
+        PATCHES.replace(module, name, _MARKER, lambda real, name=name: _stand_in(name, real, module))
     return True
 
 

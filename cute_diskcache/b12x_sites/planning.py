@@ -115,6 +115,9 @@ def init_worker(target: str, host_machine: str | None = None) -> None:
     profile = targets.get(target)
     from b12x._lib import compile_pool
 
+    from . import native
+
+    native.keep_store_aside()  # b12x's set-up below marks this process as its own compile worker
     compile_pool._initialize_worker(0, tuple(profile.capability), _UUID, profile.device_name, profile.sm_count,
                                     profile.max_shared_memory_per_block_optin, profile.max_shared_memory_per_multiprocessor,
                                     _Activity())
