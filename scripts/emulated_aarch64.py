@@ -264,11 +264,16 @@ def probe(python: Path | str, root: Path | str, ms: Iterable[int], hook_dir: Pat
     ``prefix`` runs it under another command (another uid: tests/_nobody.py)."""
     cmd = [*prefix, str(python), "-m", "cute_diskcache._probe", "--target", TARGET, "--max-num-tokens", str(max_num_tokens),
            "--m", *map(str, ms)]
+    return _engine_run("probe", cmd, child_env(Path(root), extra_env, hook_dir=hook_dir), hook_dir or Path(root).parent)
+
+
+def _engine_run(what: str, cmd: Sequence[str], env: Mapping[str, str], cwd: Path) -> dict[str, Any]:
+    """A fresh engine process: its last JSON line on stdout, with ``stderr``, ``real_compiles`` (the
+    tests' DSL compile counter, when its sitecustomize is on the path) and ``process_seconds``."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=child_env(Path(root), extra_env, hook_dir=hook_dir), capture_output=True, text=True,
-                          timeout=STEP_TIMEOUT_S, cwd=hook_dir or Path(root).parent)
+    proc = subprocess.run(list(map(str, cmd)), env=dict(env), capture_output=True, text=True, timeout=STEP_TIMEOUT_S, cwd=cwd)
     if proc.returncode != 0:
-        raise RuntimeError(f"probe exited {proc.returncode}: {' '.join(cmd)}\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"{what} exited {proc.returncode}: {' '.join(map(str, cmd))}\n{proc.stderr[-4000:]}")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     out: dict[str, Any] = json.loads(lines[-1])
     out["stderr"] = proc.stderr
@@ -387,19 +392,14 @@ def prove_b12x(scratch: Path = DEFAULT_SCRATCH, ms: Sequence[int] = (1,), workdi
         report["prewarm"]["emulated"] = prewarm_b12x(python, "aarch64", roots["emulated"])
     # the engine: a fresh aarch64 process through b12x's planning and compile factories, counted at the DSL too
     path = os.pathsep.join(str(p) for p in (hook_dir, sites["aarch64"]) if p is not None)
-    t0 = time.perf_counter()
-    proc = subprocess.run([str(python), str(REPO / "tests" / "b12x_linear_driver.py"), B12X_MODEL, TARGET, ",".join(map(str, ms))],
-                          env=child_env(roots["cross"], {"PYTHONPATH": path, "FLASHINFER_B12X_DISK_CACHE": "1"}),
-                          capture_output=True, text=True, timeout=STEP_TIMEOUT_S, cwd=roots["cross"].parent)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the emulated b12x engine exited {proc.returncode}\n{proc.stderr[-4000:]}")
-    engine: dict[str, Any] = json.loads([ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1])
-    counted = re.findall(r"^cdc-test real compiles: (\d+)$", proc.stderr, re.M)
+    engine = _engine_run("the emulated b12x engine",
+                         [python, REPO / "tests" / "b12x_linear_driver.py", B12X_MODEL, TARGET, ",".join(map(str, ms))],
+                         child_env(roots["cross"], {"PYTHONPATH": path, "FLASHINFER_B12X_DISK_CACHE": "1"}), roots["cross"].parent)
     report["engine_on_cross"] = {"jobs": engine["jobs"], "compiles": engine["counters"]["compiles"], "hits": engine["counters"]["hits"],
-                                 "misses": engine["counters"]["misses"], "real_compiles": int(counted[-1]) if counted else None,
+                                 "misses": engine["counters"]["misses"], "real_compiles": engine["real_compiles"],
                                  "load_seconds": round(engine["counters"]["load_seconds"], 3),
-                                 "process_seconds": round(time.perf_counter() - t0, 2),
-                                 "attach_line": next((ln for ln in proc.stderr.splitlines() if "attached:" in ln), None)}
+                                 "process_seconds": engine["process_seconds"],
+                                 "attach_line": next((ln for ln in engine["stderr"].splitlines() if "attached:" in ln), None)}
     cross = entries(roots["cross"])
     report["entries"] = {"keys": len(cross), "namespaces": sorted({e["namespace"] for e in cross.values()}),
                          "elf_machines": sorted({e["elf_machine"] for e in cross.values()})}

@@ -27,7 +27,8 @@ BY_WHERE: dict[tuple[str, str], Row] = {(r.file, r.function): r for r in ROWS}
 #: b12x's disk layer, around the compile in ``compiler.compile``: stands aside while ours serves
 #: (:mod:`.native`): a load finds nothing, a store and a manifest write nothing, the per-key lock
 #: is no lock (our single-flight covers the compile; b12x's opens a file for writing in its
-#: directory, which raises on a read-only or foreign-owned one).
+#: directory, which raises on a read-only or foreign-owned one); b12x's own again where its
+#: compile pool hands kernels from workers to their parent (:mod:`.native` says where).
 NATIVE_LAYER = ("_load_cute_compile_from_disk", "_store_cute_compile_to_disk", "_ensure_cute_compile_manifest",
                 "_disk_cache_key_lock")
 
