@@ -76,6 +76,9 @@ def test_error_mode_serves_a_prewarmed_kernel_and_raises_for_a_real_compile(vllm
     assert miss["raised"]["2"].startswith(f"RuntimeError: {JIT_EVENT}"), miss["raised"]
     assert miss["real_compiles"] == 0 and miss["compiles"] == 0 and miss["misses"] == 1, miss
     assert miss["cache_log"][-1].startswith("[cute-diskcache] INFO this process: 1 miss, none compiled"), miss["cache_log"]
+    # the "compiling" line said what was tried; one line says it did not happen, in vLLM's words
+    [refused] = [ln for ln in miss["cache_log"] if "not compiled:" in ln]
+    assert refused.startswith("[cute-diskcache] WARNING not compiled: flashinfer.moe_dispatch.micro ") and f"RuntimeError: {JIT_EVENT}" in refused
     assert _entries(root) == before  # nothing written under anyone's name
 
 

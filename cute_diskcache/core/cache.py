@@ -415,14 +415,19 @@ class CompileCache:
         try:
             with devicefacts.recording() as device, export.capturing() as objects, trace.recording() as lowered:
                 kernel = compile_fn()
-        except BaseException:
+        except BaseException as exc:
             # The compile failed, or whatever it goes through refused it (vLLM's JIT monitor in
-            # `error` mode): a miss with nothing compiled, and the caller gets the exception.
+            # `error` mode): a miss with nothing compiled, and the caller gets the exception. The
+            # "compiling" line above said what was tried; this one says it did not happen.
             with self._lock:
                 self.counters.misses += 1
                 self.events.append((key.site, key.digest, "failed", time.perf_counter() - t0, 0.0))
             if self.counting != "prewarm":
                 stats.record(ns, "misses")
+            if log.isEnabledFor(self.miss_level) and isinstance(exc, Exception):
+                first = (str(exc).splitlines() or [""])[0][:200]
+                log.log(self.miss_level, "not compiled: %s %s raised %s: %s; nothing written", key.site, key.digest[:12],
+                        type(exc).__name__, first)
             raise
         seconds = time.perf_counter() - t0
         extra = extra_fn(kernel) if extra_fn is not None else {}
