@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from . import as_compiled, export, report
 from .. import config
-from ..keys import devicefacts, trace
+from ..keys import devicefacts, hostmachine, trace
 from ..storage import entry, eviction, explain, layout, loader, locking, reuse, stats
 from ..errors import CacheMissError
 from ..keys.key import CacheKey
@@ -48,6 +48,26 @@ def on_miss_setting() -> str:
         log.warning("ignoring %s=%r (expected one of %s); using %s", config.env_name("on_miss"), raw,
                     "|".join(ON_MISS_CHOICES), ON_MISS_CHOICES[0])
     return ON_MISS_CHOICES[0]
+
+
+class NotLoaded:
+    """What a cross-building process (:func:`..keys.hostmachine.cross`: a prewarm worker for a DGX
+    Spark on an x86 box) gets for an entry it hits or reuses: judged as every hit is (each check of
+    the lookup, and its object's ELF header naming the machine its namespace is for), never
+    mapped, since its host code cannot run on this machine. Nothing a cross-building process
+    computes is served; calling it raises, as launching a fresh compile without the card does."""
+
+    __slots__ = ("digest", "machine")
+
+    def __init__(self, digest: str, machine: str) -> None:
+        self.digest, self.machine = digest, machine
+
+    def __call__(self, *_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError(f"kernel {self.digest[:12]} holds {self.machine} host code: judged, not loaded in this "
+                           f"{hostmachine.here()} process (a cross-build)")
+
+    def __repr__(self) -> str:
+        return f"NotLoaded({self.digest[:12]}, {self.machine})"
 
 
 @dataclass
@@ -381,8 +401,13 @@ class CompileCache:
 
     def _load(self, key: CacheKey, found: Any) -> Any:
         """The kernel from verified bytes: the shared object when that is what was verified, and
-        if this process cannot load it after all, the object (checked on its own first)."""
+        if this process cannot load it after all, the object (checked on its own first). A
+        cross-building process loads nothing: :class:`NotLoaded`, once the bytes are the host
+        code of the machine it builds for."""
         manifest, data = found
+        if hostmachine.cross():  # another machine's code: judged, never mapped (loader.refuse_foreign says why not)
+            loader.refuse_foreign(data, hostmachine.current())
+            return NotLoaded(key.digest, hostmachine.current())
         role = getattr(found, "role", "object")
         if role == "shared":
             try:

@@ -19,7 +19,7 @@ import sys
 from typing import Any, Callable, Iterable, Iterator
 
 from ..keys.key import CacheKey, Environment, SourceFacts, UnkeyableError, source_facts
-from .cache import CompileCache, default_cache
+from .cache import CompileCache, NotLoaded, default_cache
 from .describe import ADDRESS as _ADDRESS
 
 log = logging.getLogger("cute_diskcache")
@@ -112,8 +112,9 @@ class PlannedKernel:
 
 
 def planned(kernel: Any) -> bool:
-    """Whether ``kernel`` is a planning stand-in (:class:`PlannedKernel`)."""
-    return isinstance(kernel, PlannedKernel)
+    """Whether ``kernel`` is a stand-in that launches nothing: planning's (:class:`PlannedKernel`),
+    or a cross-build's hit (:class:`.cache.NotLoaded`), which nothing adapts either."""
+    return isinstance(kernel, (PlannedKernel, NotLoaded))
 
 
 @contextlib.contextmanager

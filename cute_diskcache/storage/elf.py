@@ -14,6 +14,10 @@ from typing import Iterator, NamedTuple
 
 EM_CUDA = 190
 _SHT_SYMTAB, _SHT_NOBITS = 2, 8
+#: ``(e_machine, EI_CLASS)`` of the host code each machine runs (64-bit, little-endian both):
+#: what an entry's object or shared object must say before a process maps it.
+HOST_CODE = {"x86_64": (62, 2), "aarch64": (183, 2)}
+_ELFDATA2LSB = 1
 
 
 class Section(NamedTuple):
@@ -29,6 +33,16 @@ def machine(image: bytes) -> int | None:
     if len(image) < 20 or not image.startswith(b"\x7fELF"):
         return None
     return int(struct.unpack_from("<H", image, 18)[0])
+
+
+def host_machine(image: bytes) -> str | None:
+    """The machine whose host code an ELF image holds (``x86_64``, ``aarch64``: machine and
+    class both), or None: not ELF, big-endian, 32-bit, or a machine no entry is written for.
+    Read from the header alone, so a process can say what an object is for without mapping it."""
+    if len(image) < 20 or not image.startswith(b"\x7fELF") or image[5] != _ELFDATA2LSB:
+        return None
+    found = (int(struct.unpack_from("<H", image, 18)[0]), image[4])
+    return next((name for name, code in HOST_CODE.items() if code == found), None)
 
 
 def sections(image: bytes) -> list[Section]:

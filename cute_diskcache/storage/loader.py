@@ -23,6 +23,12 @@ Conditions for the shared object, each checked, each falling back to the object 
   ``/proc/self/fd/N`` would hand back the previous kernel);
 * a miss needs a C toolchain (``cc``, or ``$CC``); without one (slim serving images) the entry
   holds the object alone and hits load it as before.
+
+Whatever the form, nothing is mapped whose ELF header names another machine or class than this
+process's own (:func:`refuse_foreign`, the first step of :func:`load_shared` and
+:func:`object_module`, which every load goes through): a key's namespace names the machine its
+host code is for, but a cross-building process keys another machine's namespace, and a planted
+or mislabelled object must be a refusal, never a SIGILL in the engine.
 """
 
 from __future__ import annotations
@@ -40,7 +46,24 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import elf
+
 log = logging.getLogger("cute_diskcache")
+
+
+class ForeignObject(RuntimeError):
+    """Verified bytes whose host code is not for this process's machine: never mapped."""
+
+
+def refuse_foreign(data: bytes, machine: str | None = None) -> None:
+    """Raise :class:`ForeignObject` unless ``data`` is an ELF image of ``machine``'s host code
+    (default: this machine's, the only code this process may run)."""
+    from ..keys import hostmachine
+
+    want = machine or hostmachine.here()
+    holds = elf.host_machine(data)
+    if holds != want:
+        raise ForeignObject(f"the object holds {holds or 'no known host'} code, not {want}'s: not loaded")
 
 #: memfds holding loaded shared objects: never closed while the process lives (see module doc).
 _FDS: list[int] = []
@@ -116,6 +139,7 @@ def load_shared(data: bytes, symbol: str) -> Any:
     """A tvm-ffi kernel from verified shared-object bytes; raises if this process cannot load it."""
     import tvm_ffi
 
+    refuse_foreign(data)
     fd = _memfd(data, "cute_diskcache_so")
     try:
         lib = ctypes.CDLL(f"/proc/self/fd/{fd}")  # RTLD_NOW: every symbol bound here or an error now
@@ -144,6 +168,7 @@ def object_module(data: bytes, tvm_ffi: bool) -> Any:
     """
     from cutlass.cute.runtime import load_module
 
+    refuse_foreign(data)
     if hasattr(os, "memfd_create"):
         fd = _memfd(data, "cute_diskcache_obj")
         try:
