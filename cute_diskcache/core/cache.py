@@ -7,11 +7,12 @@ process's counters. Bytes and files are :mod:`..storage.entry`'s and :mod:`..sto
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from . import as_compiled, export, report
 from .. import config
@@ -349,17 +350,10 @@ class CompileCache:
         stats.record(key.env.namespace, "traces")
         stats.record(key.env.namespace, "trace_seconds", traced_s)
         k2 = reuse.stage_two_key(key, traced, plan.context)
+        dest = self.store.entry_dir(key)
         try:
-            found = reuse.find(self.store, key.env, k2)
-            if found is None and self.remote is not None:  # a fleet's: fetched into this root first
-                found = self.remote.reuse_source(key.env, k2, self.store)
-            if found is None:
-                log.debug("%s %s: no entry of another release has its traced IR (traced in %.2f s)", key.site, key.digest[:12], traced_s)
-                return None
-            manifest = reuse.link(self.store, key, *found)
-        except (reuse.NotReusable, OSError) as exc:
-            log.info("cute-diskcache: not reusing an entry for %s: %s", key.site, exc)
-            return None
+            before = layout.entry_bytes(dest)
+            manifest = self._link_first(key, k2)
         except Exception as exc:  # a bug of ours must cost a compile, never the caller's kernel
             log.error("cute-diskcache second-stage lookup failed unexpectedly (%s: %s); compiling", type(exc).__name__, exc)
             return None
@@ -377,6 +371,26 @@ class CompileCache:
                f"{float(manifest['compile_seconds']):.1f} s compile)")
         log.log(level, "reused %s", report.describe_kernel(key, why))
         return hit
+
+    def _link_first(self, key: CacheKey, k2: str) -> dict[str, Any] | None:
+        """Link ``key``'s entry from the first record for ``k2`` that serves: this root's, each
+        layer's, then the fleet's (fetched into this root first). A record whose entry is gone or
+        does not fit is passed over, so a stale record here never hides a sound one in a layer."""
+        sources = reuse.candidates(self.store, key.env, k2)
+        if self.remote is not None:
+            sources = itertools.chain(sources, self._remote_source(key, k2))
+        for found in sources:
+            try:
+                return reuse.link(self.store, key, *found)
+            except (reuse.NotReusable, OSError) as exc:
+                log.info("cute-diskcache: not reusing an entry for %s: %s", key.site, exc)
+        return None
+
+    def _remote_source(self, key: CacheKey, k2: str) -> Iterator[tuple[Store, Any]]:
+        assert self.remote is not None
+        found = self.remote.reuse_source(key.env, k2, self.store)
+        if found is not None:
+            yield found
 
     def _count_served(self, key: CacheKey, manifest: dict[str, Any], names: tuple[str, str, str], event: str,
                       seconds: float) -> None:

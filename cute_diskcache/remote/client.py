@@ -660,8 +660,9 @@ class RemoteCache:
             if backend is None or not self.breaker.healthy() or not self.breaker.allow():
                 return None
             try:
-                value = self._bounded(self.timeout, backend.get, blob.record_name(self.prefix, reuse.scope(env), k2))
-                named = reuse.open_sealed(value, k2, self.hmac_key) if value is not None else None
+                record = blob.record_name(self.prefix, reuse.scope(env), k2)
+                value = self._bounded(self.timeout, backend.get, record)
+                named = reuse.open_sealed(value, k2, self.hmac_key, where=f"{self.label}:{record}") if value is not None else None
                 if named is None:
                     self.breaker.success()
                     return None

@@ -12,9 +12,14 @@ files hard-linked, copied where a link cannot be made) and the cache then loads 
 exactly as a hit, every check included. The next process hits the first stage.
 
 Records: ``<root>/reuse/<scope>/<k2[:2]>/<k2>``, a small msgpack map naming an entry (namespace,
-digest). A record is only a pointer: whatever it names is read, verified and checked against this
-process's environment before anything is linked; a record whose entry is gone or does not fit is
-a miss. Records are written by the compile path from the digest of what the compile itself
+digest), sealed as the remote tier seals its records (:func:`sealed_record`): bound to the ``k2``
+it was written for and, where an HMAC key is set, signed with it (:func:`.trust.sign_record`).
+A record is only a pointer, but one that chooses which native code a kernel gets: a record that
+does not open (another ``k2``'s, unsigned or badly signed under a key, damaged, or of the
+unbound format of older versions) is ignored with one warning and never exported; whatever a
+record names is then read, verified (its manifest must be the entry the record names) and
+checked against this process's environment before anything is linked; a record whose entry is
+gone or does not fit is a miss, and the next record for that ``k2`` (a read-only layer's) is tried. Records are written by the compile path from the digest of what the compile itself
 lowered (:func:`..keys.trace.recorder`), never from an earlier trace, and rewritten to name the newest
 entry after each link (an old release's namespace may be pruned). ``<scope>`` is the DSL stack,
 arch, host machine and device class: a miss traces only when its scope has records (here or in a
@@ -30,10 +35,10 @@ from __future__ import annotations
 import dataclasses
 import errno
 import hashlib
-import hmac
 import logging
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -52,6 +57,8 @@ log = logging.getLogger("cute_diskcache")
 #: ``<root>/reuse/``: the second-stage records (``clear`` removes them with the rest).
 REUSE_DIR = layout.REUSE_DIR
 _MAX_RECORD_BYTES = 4096
+#: A sealed record: the record, its k2 and its signature around it.
+_MAX_SEALED_BYTES = _MAX_RECORD_BYTES + 512
 #: Fields of the environment a reused entry must share with this process (the rest, the
 #: flashinfer release and its sources, are what a second-stage key leaves out).
 _SHARED_ENV = ("arch", "dsl", "codegen_env", "machine", "device")
@@ -134,23 +141,32 @@ def possible(store: "Store", env: Environment) -> bool:
     return False
 
 
-def find(store: "Store", env: Environment, k2: str) -> tuple["Store", Path] | None:
-    """The root (this one or a layer) and entry directory a record for ``k2`` names, or None."""
+def candidates(store: "Store", env: Environment, k2: str) -> Iterator[tuple["Store", Path]]:
+    """The roots (this one, then each layer) and entry directories that records for ``k2`` name,
+    in order: the caller links the first that serves (a stale record here must not hide a
+    sound one in a layer). A record that does not open is skipped with one warning."""
     name = scope(env)
     for s in (store, *store.layers):
         if not s.trusted:
             continue
         path = _record_path(s.root, name, k2)
         try:
-            named = _named(entry.read_bounded(path, _MAX_RECORD_BYTES, s.owner))
+            raw = entry.read_bounded(path, _MAX_SEALED_BYTES, s.owner)
         except FileNotFoundError:
             continue
-        except Exception as exc:  # a damaged record is a miss; the next commit rewrites it
-            log.debug("second-stage record %s unreadable: %s: %s", path, type(exc).__name__, exc)
+        except Exception as exc:  # unreadable (a link, another uid's file): ignored, the next commit rewrites it
+            _ignored(path, f"{type(exc).__name__}: {exc}")
             continue
-        if named is not None:
-            return s, layout.entry_dir(s.root, *named)
-    return None
+        named = _opened(raw, k2, s.hmac_key)
+        if isinstance(named, str):
+            _ignored(path, named)
+            continue
+        yield s, layout.entry_dir(s.root, *named)
+
+
+def find(store: "Store", env: Environment, k2: str) -> tuple["Store", Path] | None:
+    """The first of :func:`candidates`, or None."""
+    return next(candidates(store, env, k2), None)
 
 
 def _record_value(key: CacheKey) -> bytes:
@@ -167,61 +183,93 @@ def _named(raw: bytes) -> tuple[str, str] | None:
     return None
 
 
-_SEAL = b"cute-diskcache second-stage record\0"
+#: Records already warned about in this process (path, or a remote record's name): one warning each.
+_WARNED: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _ignored(where: Path | str, why: str) -> None:
+    """One warning per record that is not followed (and so never linked or exported)."""
+    with _warned_lock:
+        first = str(where) not in _WARNED
+        _WARNED.add(str(where))
+    if first:
+        log.warning("cute-diskcache ignores second-stage record %s: %s", where, why)
 
 
 def sealed_record(key: CacheKey, k2: str, hmac_key: bytes | None) -> bytes:
-    """``key``'s record for the remote tier, where no root's ownership vouches for it: bound to
-    ``k2`` and, where the fleet signs its entries, signed with that key. A copied record under
-    another ``k2`` or a forged one would otherwise point a kernel at another verified entry."""
+    """``key``'s record, as a root and the remote tier store it: bound to ``k2`` and, where the
+    entries are signed, signed with that key. A copied record under another ``k2`` or a forged
+    one would otherwise point a kernel at another verified entry."""
     return _seal(_record_value(key), k2, hmac_key)
 
 
 def _seal(raw: bytes, k2: str, hmac_key: bytes | None) -> bytes:
-    sig = hmac.new(hmac_key, _SEAL + k2.encode() + b"\0" + raw, hashlib.sha256).hexdigest() if hmac_key else ""
+    sig = trust.sign_record(hmac_key, k2, raw) if hmac_key else ""
     return msgpack.packb({"record": raw, "k2": k2, "sig": sig}, use_bin_type=True)
 
 
+def _opened(value: bytes, k2: str, hmac_key: bytes | None) -> tuple[str, str] | str:
+    """``(namespace, digest)`` a sealed record for ``k2`` names, or why it is refused."""
+    try:
+        sealed = msgpack.unpackb(value, raw=False)
+        if not isinstance(sealed, dict) or "k2" not in sealed:
+            return "not bound to a second-stage key (written by an older version, or not a record)"
+        raw, bound, sig = sealed["record"], sealed["k2"], sealed.get("sig")
+        if bound != k2:
+            return "written for another second-stage key"
+        if not isinstance(raw, bytes) or len(raw) > _MAX_RECORD_BYTES:
+            return "damaged"
+        if hmac_key is not None:
+            if not sig:
+                return "not signed and CUTE_DISKCACHE_HMAC_KEY is set"
+            if not trust.record_signature_ok(hmac_key, k2, raw, sig):
+                return "signature does not match (another key, or the record was altered)"
+        named = _named(raw)
+    except Exception as exc:  # damaged
+        return f"undecodable: {type(exc).__name__}"
+    return named if named is not None else "names nothing an entry could be"
+
+
 def sealed_local_records(root: Path, hmac_key: bytes | None) -> Iterator[tuple[str, str, str, bytes]]:
-    """``(scope, k2, namespace named, sealed value)`` of every readable record under ``root``:
-    what ``export --to-remote`` publishes beside the entries."""
+    """``(scope, k2, namespace named, sealed value)`` of every record under ``root`` that opens
+    with ``hmac_key`` (bound to its ``k2``, signed where there is a key): what ``export
+    --to-remote`` publishes beside the entries, as stored. One that does not open is never
+    published (one warning)."""
     base = Path(root) / REUSE_DIR
     for path in sorted(base.glob("*/??/*")):
         scope_name, k2 = path.parent.parent.name, path.name
         if not layout.DIGEST_RE.fullmatch(k2):
             continue
         try:
-            raw = entry.read_bounded(path, _MAX_RECORD_BYTES, None)
-            named = _named(raw)
+            value = entry.read_bounded(path, _MAX_SEALED_BYTES, None)
         except Exception as exc:  # damaged: not published
-            log.debug("second-stage record %s unreadable: %s: %s", path, type(exc).__name__, exc)
+            _ignored(path, f"{type(exc).__name__}: {exc}")
             continue
-        if named is not None:
-            yield scope_name, k2, named[0], _seal(raw, k2, hmac_key)
+        named = _opened(value, k2, hmac_key)
+        if isinstance(named, str):
+            _ignored(path, named)
+            continue
+        yield scope_name, k2, named[0], value
 
 
-def open_sealed(value: bytes, k2: str, hmac_key: bytes | None) -> tuple[str, str] | None:
+def open_sealed(value: bytes, k2: str, hmac_key: bytes | None, where: str | None = None) -> tuple[str, str] | None:
     """``(namespace, digest)`` of a :func:`sealed_record` for ``k2``; None for anything else (a
-    record of another ``k2``, or unsigned or badly signed where this process holds a key). The
-    entry it names is verified as any import before it is linked."""
-    try:
-        sealed = msgpack.unpackb(value, raw=False)
-        raw, bound, sig = sealed["record"], sealed["k2"], sealed["sig"]
-        if bound != k2 or not isinstance(raw, bytes) or len(raw) > _MAX_RECORD_BYTES:
-            return None
-        if hmac_key is not None:
-            want = hmac.new(hmac_key, _SEAL + k2.encode() + b"\0" + raw, hashlib.sha256).hexdigest()
-            if not isinstance(sig, str) or not hmac.compare_digest(sig, want):
-                return None
-        return _named(raw)
-    except Exception as exc:  # a damaged value is a miss
-        log.debug("remote second-stage record unreadable: %s: %s", type(exc).__name__, exc)
+    record of another ``k2``, or unsigned or badly signed where this process holds a key), with
+    one warning naming ``where`` when given. The entry it names is verified as any import
+    before it is linked."""
+    named = _opened(value, k2, hmac_key)
+    if isinstance(named, str):
+        if where is not None:
+            _ignored(where, named)
         return None
+    return named
 
 
 def write_record(store: "Store", key: CacheKey, k2: str) -> bool:
     """Record that ``k2`` is ``key``'s entry (atomic; an existing record is replaced: the newest
-    entry is the one an old release's prune leaves). False when the root refused."""
+    entry is the one an old release's prune leaves), sealed for ``k2`` and signed with the
+    store's key (:func:`sealed_record`). False when the root refused."""
     if not store.writable:
         return False
     path = _record_path(store.root, scope(key.env), k2)
@@ -231,7 +279,7 @@ def write_record(store: "Store", key: CacheKey, k2: str) -> bool:
             store.make_dirs(marker.parent)
             entry.atomic_write(marker, b"")
         store.make_dirs(path.parent)
-        entry.atomic_write(path, _record_value(key))
+        entry.atomic_write(path, sealed_record(key, k2, store.hmac_key))
     except OSError as exc:
         log.debug("second-stage record for %s not written: %s", key.digest[:12], exc)
         return False
@@ -263,6 +311,8 @@ def link(store: "Store", key: CacheKey, source_store: "Store", source: Path) -> 
         entry.verify(source, manifest, None, owner=source_store.owner)
     except entry.EntryError as exc:
         raise NotReusable(f"{source.name[:12]}: {exc}") from None
+    if manifest["namespace"] != source.parent.parent.name:  # the digest is checked against its directory by verify
+        raise NotReusable(f"{source.name[:12]}: its manifest is another namespace's entry")
     ours = key.env.as_dict()
     differ = [f for f in _SHARED_ENV if manifest["env"].get(f) != ours[f]]
     if manifest.get("format") != FORMAT_VERSION or differ:

@@ -37,6 +37,9 @@ Three defences, each a refusal that costs a compile, never a request:
 * **Signatures.** With ``CUTE_DISKCACHE_HMAC_KEY`` set, every manifest we write carries an
   HMAC-SHA256 over its sealed body's sha256 (the body lists every payload's sha256, so the
   signature covers all the bytes of the entry); an unsigned or badly signed entry is a miss.
+  A second-stage record (a pointer from a traced IR to an entry, :mod:`.reuse`) is signed the
+  same way over what it names and the key it was written for (:func:`sign_record`): a member
+  of a trusted group without the key can no more point a kernel at another entry than write one.
 
 Stdlib only: :mod:`.entry` imports this on the hit path.
 """
@@ -71,6 +74,24 @@ def signature_ok(key: bytes, body_sha256: str, signature: object) -> bool:
         return False
     given = signature.encode("utf-8", "surrogatepass")
     return hmac.compare_digest(sign(key, body_sha256).encode("ascii"), given)
+
+
+#: Domain separation of a second-stage record's signature (the remote tier's records have always
+#: been signed this way: the same bytes, so records a fleet already holds keep verifying).
+_RECORD_CONTEXT = b"cute-diskcache second-stage record\0"
+
+
+def sign_record(key: bytes, k2: str, record: bytes) -> str:
+    """The signature of a second-stage record (:mod:`.reuse`) bound to the second-stage key
+    ``k2`` it was written for: a record copied under another key, or edited, no longer verifies."""
+    return hmac.new(key, _RECORD_CONTEXT + k2.encode() + b"\0" + record, hashlib.sha256).hexdigest()
+
+
+def record_signature_ok(key: bytes, k2: str, record: bytes, signature: object) -> bool:
+    """Constant-time check of a record's signature, as :func:`signature_ok` checks a manifest's."""
+    if not isinstance(signature, str):
+        return False
+    return hmac.compare_digest(sign_record(key, k2, record).encode("ascii"), signature.encode("utf-8", "surrogatepass"))
 
 
 #: Where a level's ACL is read from: its path, or the descriptor it was opened as.
