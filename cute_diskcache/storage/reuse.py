@@ -336,7 +336,8 @@ def link(store: "Store", key: CacheKey, source_store: "Store", source: Path) -> 
 
 
 def _place(src: Path, dst: Path, item: dict[str, Any]) -> None:
-    """``dst`` holds ``src``'s verified bytes: a hard link, else a copy (atomic either way)."""
+    """``dst`` holds ``src``'s verified bytes: a hard link, else a copy (atomic either way; the
+    copy is checked again, as the link is, since ``src`` may have changed since it was verified)."""
     if dst.exists() and entry.holds(dst, item["size"], item["sha256"]):
         return
     tmp = dst.with_name(f".tmp.{dst.name}.{os.getpid()}.{os.urandom(6).hex()}")
@@ -345,7 +346,7 @@ def _place(src: Path, dst: Path, item: dict[str, Any]) -> None:
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES, errno.EROFS):
             raise
-        shutil.copyfile(src, tmp, follow_symlinks=False)
+        _copy(src, tmp)
     try:
         if not entry.holds(tmp, item["size"], item["sha256"]):  # changed since it was verified
             raise NotReusable(f"{src.name} changed under the link")
@@ -353,6 +354,18 @@ def _place(src: Path, dst: Path, item: dict[str, Any]) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _copy(src: Path, dst: Path) -> None:
+    """``src``'s bytes into a new ``dst`` with the mode every payload file gets (0644, as
+    :func:`.entry.atomic_write` makes them), not ``shutil``'s 0666 less the umask: under a umask
+    of 002 that copy is group-writable, and the hit that follows refuses it as untrusted."""
+    flags = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    with open(os.open(src, os.O_RDONLY | flags), "rb") as fin, \
+            open(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | flags, 0o644), "wb") as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
+        fout.flush()
+        os.fsync(fout.fileno())
 
 
 def _artifact_of(manifest: dict[str, Any]) -> entry.Artifact:
