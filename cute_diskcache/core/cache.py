@@ -357,9 +357,12 @@ class CompileCache:
         except Exception as exc:  # a bug of ours must cost a compile, never the caller's kernel
             log.error("cute-diskcache second-stage lookup failed unexpectedly (%s: %s); compiling", type(exc).__name__, exc)
             return None
-        try:
-            eviction.note_commit(self.store.root, layout.entry_bytes(self.store.entry_dir(key)), entry_dir=self.store.entry_dir(key),
-                                 shared=self.store.bookkeeping_shared)
+        if manifest is None:
+            log.debug("%s %s: no usable entry of another release has its traced IR (traced in %.2f s)", key.site, key.digest[:12],
+                      traced_s)
+            return None
+        try:  # what the link added: its manifest, and payloads it had to copy (a hard link adds no disk)
+            eviction.note_commit(self.store.root, layout.entry_bytes(dest) - before, entry_dir=dest, shared=self.store.bookkeeping_shared)
         except OSError as exc:
             log.debug("size cap not updated for a reused entry: %s", exc)
         hit = self._try_hit(key, extra_ok=extra_ok, reused_since=t0)

@@ -308,11 +308,13 @@ def remove(root: Path, path: Path) -> int:
     return freed
 
 
-def _entries(root: Path) -> list[tuple[float, int, str, Path]]:
-    """(last use, bytes, namespace, dir) of every entry directory: the full walk."""
+def _entries(root: Path, seen: set[tuple[int, int]] | None = None) -> list[tuple[float, int, str, Path]]:
+    """(last use, bytes, namespace, dir) of every entry directory: the full walk. A payload
+    several entries share (hard links) counts once, in the first entry met (``du``'s way)."""
+    seen = set() if seen is None else seen
     out = []
     for d in layout.entry_dirs(root):
-        size = layout.entry_bytes(d)
+        size = layout.entry_bytes(d, seen)
         used = layout.last_used(d)
         if used:
             out.append((used, size, d.parent.parent.name, d))
@@ -442,8 +444,9 @@ def _exact(root: Path, max_bytes: int, *, trigger: int | None = None, keep: Path
     from . import stats
 
     stats.ensure_file()
-    entries: list[tuple[float, int, str | None, Path]] = list(_entries(root))
-    quarantine: list[tuple[float, int, str | None, Path]] = [(used, layout.tree_bytes(q)[0], None, q) for used, q in quarantined(root)]
+    seen: set[tuple[int, int]] = set()
+    entries: list[tuple[float, int, str | None, Path]] = list(_entries(root, seen))
+    quarantine: list[tuple[float, int, str | None, Path]] = [(used, layout.tree_bytes(q, seen)[0], None, q) for used, q in quarantined(root)]
     total = sum(e[1] for e in entries) + sum(q[1] for q in quarantine) + _overhead_bytes(root)
     over = total - max_bytes
     gone, freed_q, freed_e = [], 0, 0
@@ -503,13 +506,14 @@ def make_room(root: Path, need: int, *, keep: Path | None = None) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _overhead(root: Path) -> dict[str, dict[str, int]]:
-    """Bytes and items of what is not an entry: quarantine, tmp, trash, stats, locks."""
+def _overhead(root: Path, seen: set[tuple[int, int]] | None = None) -> dict[str, dict[str, int]]:
+    """Bytes and items of what is not an entry: quarantine, tmp, trash, stats, locks (``seen``:
+    the inodes a walk of the entries counted already, see :func:`.layout.tree_bytes`)."""
     root = Path(root)
     out: dict[str, dict[str, int]] = {}
     for name in (layout.QUARANTINE_DIR, layout.TMP_DIR, layout.TRASH_DIR):
         items = layout.subdirs(root / name)
-        nbytes, _files = layout.tree_bytes(root / name)
+        nbytes, _files = layout.tree_bytes(root / name, seen)
         out[name] = {"bytes": nbytes, "items": len(items)}
     nbytes, files = layout.tree_bytes(root / layout.STATS_DIR)
     out[layout.STATS_DIR] = {"bytes": nbytes, "items": files}
@@ -529,12 +533,13 @@ def usage(root: Path) -> dict[str, Any]:
     """
     namespaces: dict[str, dict[str, int]] = {}
     total = count = 0
-    for _used, size, ns, _path in _entries(root):
+    seen: set[tuple[int, int]] = set()
+    for _used, size, ns, _path in _entries(root, seen):
         rec = namespaces.setdefault(ns, {"bytes": 0, "entries": 0})
         rec["bytes"] += size
         rec["entries"] += 1
         total += size
         count += 1
-    overhead = _overhead(root)
+    overhead = _overhead(root, seen)
     return {"bytes": total + sum(v["bytes"] for v in overhead.values()), "entry_bytes": total, "entries": count,
             "namespaces": namespaces, "overhead": overhead}

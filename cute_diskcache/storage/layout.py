@@ -105,8 +105,15 @@ def entry_files(entry_dir: Path) -> list[Path]:
         return []
 
 
-def tree_bytes(path: Path) -> tuple[int, int]:
-    """(bytes, files) of every regular file under ``path``, never following a link."""
+def tree_bytes(path: Path, seen: set[tuple[int, int]] | None = None) -> tuple[int, int]:
+    """(bytes, files) of every regular file under ``path``, never following a link.
+
+    A file with other names (a hard link: a reused entry's payloads are links of another
+    entry's, :mod:`.reuse`) takes its disk once, as ``du`` counts it: counted the first time a
+    walk that shares ``seen`` over several trees meets its inode, and never without ``seen``,
+    where the answer is what ``path`` alone adds to the disk (what writing it took, what
+    removing it frees).
+    """
     total = files = 0
     stack = [str(path)]
     while stack:
@@ -117,8 +124,13 @@ def tree_bytes(path: Path) -> tuple[int, int]:
                         if d.is_dir(follow_symlinks=False):
                             stack.append(d.path)
                         elif d.is_file(follow_symlinks=False):
-                            total += d.stat(follow_symlinks=False).st_size
+                            st = d.stat(follow_symlinks=False)
                             files += 1
+                            if st.st_nlink <= 1:
+                                total += st.st_size
+                            elif seen is not None and (st.st_dev, st.st_ino) not in seen:
+                                seen.add((st.st_dev, st.st_ino))
+                                total += st.st_size
                     except OSError:
                         continue  # removed under our feet
         except OSError:
@@ -126,9 +138,10 @@ def tree_bytes(path: Path) -> tuple[int, int]:
     return total, files
 
 
-def entry_bytes(entry_dir: Path) -> int:
-    """The disk an entry takes: every regular file in its directory, temp files included."""
-    return tree_bytes(entry_dir)[0]
+def entry_bytes(entry_dir: Path, seen: set[tuple[int, int]] | None = None) -> int:
+    """The disk an entry takes: every regular file in its directory, temp files included; a
+    payload it shares with another entry (a hard link) as :func:`tree_bytes` counts it."""
+    return tree_bytes(entry_dir, seen)[0]
 
 
 def last_used(entry_dir: Path) -> float:
