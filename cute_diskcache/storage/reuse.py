@@ -32,6 +32,7 @@ link takes no disk. Nothing here knows a library.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import hashlib
@@ -116,7 +117,11 @@ def release(env: Environment) -> str:
     namespace, which also tells the adapter's kinds of one release apart (a model's MoE and
     dense GEMM rows): a first prewarm of one release must not trace because its other kind
     wrote records."""
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in env.package)
+    return _release_of(env.package)
+
+
+def _release_of(package: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in package)
 
 
 def releases(root: Path, scope_name: str) -> list[str]:
@@ -286,6 +291,44 @@ def write_record(store: "Store", key: CacheKey, k2: str) -> bool:
     return True
 
 
+def prune(root: Path, *, dry_run: bool = False) -> int:
+    """Remove the records under ``root`` that name no entry here any more (its namespace pruned,
+    the entry evicted or quarantined) or that do not open, and each scope's ``from/<release>``
+    marker of a release no remaining record names an entry of: without it an old release's
+    marker outlives its entries, and every first-stage miss of the next release traces for
+    nothing. Returns how many records went. An engine that reads a record while it goes, or
+    links an entry that goes, compiles (:func:`link` verifies what it links).
+
+    A marker written between this walk and its removal (a writer of that release, now) can be
+    taken: that release's next record puts it back; until then a miss compiles instead of
+    tracing, never a wrong kernel."""
+    base = Path(root) / REUSE_DIR
+    removed = 0
+    for scope_dir in sorted(p for p in base.glob("*") if p.is_dir() and not p.is_symlink()):
+        live: set[str] = set()
+        for path in sorted(scope_dir.glob("??/*")):
+            if not layout.DIGEST_RE.fullmatch(path.name):
+                continue
+            named = None
+            try:
+                named = _opened(entry.read_bounded(path, _MAX_SEALED_BYTES, None), path.name, None)
+                if not isinstance(named, str):
+                    package = entry.read_manifest(layout.entry_dir(Path(root), *named))["env"].get("package", "")
+                    live.add(_release_of(str(package)))
+                    continue
+            except (OSError, entry.EntryError):
+                pass  # no entry there (or the record is unreadable): the record goes
+            removed += 1
+            if not dry_run:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        for marker in sorted((scope_dir / _FROM).glob("*")):
+            if marker.name not in live and not dry_run:
+                with contextlib.suppress(FileNotFoundError):
+                    marker.unlink()
+    return removed
+
+
 class NotReusable(Exception):
     """The entry a record names cannot serve this key (gone, damaged, another environment)."""
 
@@ -385,5 +428,5 @@ def reused_from(manifest: dict[str, Any]) -> str:
     return f"{name.removesuffix('-python')} {version}" if version else (source.get("namespace") or "another release")
 
 
-__all__ = ["NotReusable", "Plan", "REUSE_DIR", "find", "link", "open_sealed", "possible", "release", "releases", "reused_from", "scope", "sealed_local_records",
+__all__ = ["NotReusable", "Plan", "REUSE_DIR", "candidates", "find", "link", "open_sealed", "possible", "prune", "release", "releases", "reused_from", "scope", "sealed_local_records",
            "sealed_record",            "stage_two_key", "write_record"]

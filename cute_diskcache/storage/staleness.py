@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import entry, eviction, layout, locking
+from . import entry, eviction, layout, locking, reuse
 from ..keys.key import FORMAT_VERSION, dsl_stack
 
 
@@ -138,6 +138,8 @@ def prune(root: Path, *, arch: str | None = None, older_than: float | None = Non
                 if not dry_run:
                     eviction.remove(root, d)
     locks = 0 if dry_run else locking.prune(root)  # lock files nobody holds: safe beside live processes
+    # second-stage records of what went, and the markers of releases they no longer name
+    records = reuse.prune(root, dry_run=dry_run)  # a dry run counts those dead already
     return {
         "current": current,
         "namespaces": gone_ns,
@@ -146,4 +148,5 @@ def prune(root: Path, *, arch: str | None = None, older_than: float | None = Non
         "entries_removed": sum(n["entries"] for n in gone_ns) + len(old),
         "bytes_removed": sum(n["bytes"] for n in gone_ns) + sum(o["bytes"] for o in old),
         "lock_files_removed": locks,
+        "records_removed": records,
     }
