@@ -20,7 +20,9 @@ made without running the DSL's constructor (which needs the compile):
   stored signature. A hit that nobody inspects pays for none of it.
 
 The serialised signature is the DSL's own format (DSL 4.5's is a pickle): it is read only from an
-entry that passed every check a hit makes, whose native code is loaded anyway.
+entry that passed every check a hit makes, whose native code is loaded anyway. The rest of the
+side data is plain data and objects of an allow-list of the DSL's classes (:data:`_RECORDS` and
+the compiled-function classes): a name in an entry only picks one of them.
 
 An attribute of a DSL release this module does not know (not plain data, not one of those) is
 recorded at the miss and said by name if a caller asks for it. Nothing here knows a library.
@@ -51,9 +53,22 @@ _FRESH: dict[str, Callable[[], Any]] = {
 _SUPPLIED = frozenset({"_tvm_ffi_function", "_kwargs_wrapper"})
 #: What only the compile held, made again on first use from the entry (see :class:`_Lazy`).
 _REMADE = frozenset({"ir_module", "engine", "capi_func", "execution_args"})
-#: Modules whose classes' plain state may be stored and rebuilt (the DSL's records: artifacts,
-#: C-header arguments, the host target); anything else (an execution engine...) is not plain.
+#: The DSL's packages: the compiled-function classes side data may name are defined there.
 _OWNERS = ("cutlass.base_dsl.", "cutlass.cutlass_dsl.", "cutlass.cute.")
+#: The DSL's plain records a compiled function holds whose state side data carries, as (module,
+#: qualified name): its artifacts, C-header arguments and host target. An allow-list: a record of
+#: any other class is "not plain" at the miss (named if a caller asks for it), and side data that
+#: names one is never decoded. Side data names classes by these strings only to pick one of this
+#: list (or one of the DSL's compiled-function classes, :func:`_compiled_classes`); nothing is
+#: ever imported or looked up by a name an entry chose, so no entry can make a decoder build
+#: another class (a ``subprocess.Popen``, a ``tempfile`` closer that deletes a file).
+_RECORDS = frozenset({
+    ("cutlass.base_dsl.jit_executor", "JitFunctionArtifacts"),
+    ("cutlass.base_dsl.export.c_header_generator", "CHeaderArguments"),
+    ("cutlass.base_dsl.compiler", "HostTarget"),
+})
+#: The DSL's modules that define its compiled-function classes (imported before they are listed).
+_PROVIDERS = ("cutlass.cutlass_dsl.cuda_jit_executor", "cutlass.cutlass_dsl.tvm_ffi_provider")
 #: A CuTe-ABI kernel (no tvm-ffi) is loaded by the DSL's own loader, which sets these to say how
 #: it is launched from the loaded object: they stay the loader's.
 _LOADERS = frozenset({"load_from_binary", "prefix"})
@@ -79,7 +94,7 @@ def _encode(value: Any) -> Any:
         return {"t": type(value).__name__, "v": [[_encode(k), _encode(v)] for k, v in value.items()]}
     cls = type(value)
     state = getattr(value, "__dict__", None)
-    if isinstance(state, dict) and cls.__module__.startswith(_OWNERS) and not hasattr(cls, "__slots__"):
+    if isinstance(state, dict) and (cls.__module__, cls.__qualname__) in _RECORDS and not hasattr(cls, "__slots__"):
         return {"t": "obj", "c": [cls.__module__, cls.__qualname__], "v": {k: _encode(v) for k, v in state.items()}}
     return _raise(value)
 
@@ -100,27 +115,70 @@ def _decode(data: Any) -> Any:
         pairs = [(_decode(k), _decode(x)) for k, x in v]
         return collections.OrderedDict(pairs) if kind == "OrderedDict" else dict(pairs)
     if kind == "obj":
-        cls = _class(data["c"])
+        cls = _record_class(data["c"])
         obj = object.__new__(cls)
         obj.__dict__.update({k: _decode(x) for k, x in v.items()})
         return obj
     raise ValueError(f"unknown encoded kind {kind!r}")
 
 
+class NotAllowed(ValueError):
+    """Side data naming a class it may not (not one of the DSL's compiled functions or records)."""
+
+
+def _compiled_classes() -> dict[tuple[str, str], type]:
+    """The DSL's compiled-function classes loaded in this process, by (module, qualified name):
+    its ``JitCompiledFunction`` and every subclass the DSL's own packages define (the classes
+    ``cute.compile`` returns: tvm-ffi's two, the CUDA dialect's)."""
+    from cutlass.base_dsl.jit_executor import JitCompiledFunction
+
+    for module in _PROVIDERS:
+        try:
+            importlib.import_module(module)
+        except Exception:  # a DSL laid out otherwise: the classes it did load
+            pass
+    found: dict[tuple[str, str], type] = {}
+    stack: list[type] = [JitCompiledFunction]
+    while stack:
+        cls = stack.pop()
+        if cls.__module__.startswith(_OWNERS) and "<locals>" not in cls.__qualname__:
+            found.setdefault((cls.__module__, cls.__qualname__), cls)
+        stack.extend(cls.__subclasses__())
+    return found
+
+
 @functools.lru_cache(maxsize=64)
 def _class_of(module: str, qualname: str) -> type:
-    if not module.startswith(_OWNERS):
-        raise ValueError(f"{module}.{qualname} is not the DSL's")
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    if not isinstance(obj, type):
-        raise ValueError(f"{module}.{qualname} is not a class")
-    return obj
+    """The allowed class side data names by ``(module, qualname)``: a record of :data:`_RECORDS`
+    (its module, from that list, imported and the one name read), else one of the DSL's
+    compiled-function classes; :class:`NotAllowed` for anything else."""
+    if (module, qualname) in _RECORDS:
+        cls = getattr(importlib.import_module(module), qualname, None)
+        if isinstance(cls, type) and cls.__module__ == module and cls.__qualname__ == qualname:
+            return cls
+        raise NotAllowed(f"{module}.{qualname} is not defined by this DSL")
+    cls = _compiled_classes().get((module, qualname))
+    if cls is None:
+        raise NotAllowed(f"{module}.{qualname} is not a class side data may name")
+    return cls
 
 
 def _class(path: Any) -> type:
     return _class_of(str(path[0]), str(path[1]))
+
+
+def _record_class(path: Any) -> type:
+    """A record's class: one of :data:`_RECORDS` only (never a compiled function inside a record)."""
+    if (str(path[0]), str(path[1])) not in _RECORDS:
+        raise NotAllowed(f"{path[0]}.{path[1]} is not a record side data may hold")
+    return _class(path)
+
+
+def _compiled_class(path: Any) -> type:
+    """The class a hit rebuilds: one of the DSL's compiled-function classes only."""
+    if (str(path[0]), str(path[1])) in _RECORDS:
+        raise NotAllowed(f"{path[0]}.{path[1]} is not a compiled function")
+    return _class(path)
 
 
 def _is_compiled(kernel: Any) -> bool:
@@ -180,12 +238,20 @@ def _is_tvm_ffi_function(cls: type) -> bool:
 
 
 def valid(result: Any) -> bool:
-    """Side data from disk has the shape :func:`describe` writes."""
-    return (isinstance(result, dict) and isinstance(result.get("class"), list) and len(result["class"]) == 2
-            and all(isinstance(p, str) for p in result["class"]) and isinstance(result.get("state"), dict)
-            and isinstance(result.get("records"), list) and isinstance(result.get("records_z"), bytes)
-            and isinstance(result.get("unknown"), list) and isinstance(result.get("remade"), list)
-            and result.get("mode") in _MODES and isinstance(result.get("signature"), (bytes, type(None))))
+    """Side data from disk has the shape :func:`describe` writes, and names one of the DSL's
+    compiled-function classes (the records inside are checked when first read: most never are)."""
+    shaped = (isinstance(result, dict) and isinstance(result.get("class"), list) and len(result["class"]) == 2
+              and all(isinstance(p, str) for p in result["class"]) and isinstance(result.get("state"), dict)
+              and isinstance(result.get("records"), list) and isinstance(result.get("records_z"), bytes)
+              and isinstance(result.get("unknown"), list) and isinstance(result.get("remade"), list)
+              and result.get("mode") in _MODES and isinstance(result.get("signature"), (bytes, type(None))))
+    if not shaped:
+        return False
+    try:
+        _compiled_class(result["class"])
+    except Exception:  # NotAllowed, or no DSL here to say: not side data a hit can hand back
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,10 +322,18 @@ class _Lazy:
     def __getattr__(self, name: str) -> Any:  # only for names the instance does not have
         state = self.__dict__
         if name in state.get("_cdc_pending", ()):  # the compile's records, unpacked when one is first read
+            refused: dict[str, str] = {}
             for key, encoded in msgpack.unpackb(zlib.decompress(state["_cdc_records_z"]), raw=False).items():
-                state.setdefault(key, _decode(encoded))  # a thread that got here first keeps its objects
+                try:
+                    state.setdefault(key, _decode(encoded))  # a thread that got here first keeps its objects
+                except NotAllowed as exc:  # never built; said by name, as an attribute we could not keep
+                    refused[key] = str(exc)
+            state["_cdc_refused"] = {**state.get("_cdc_refused", {}), **refused}
             state["_cdc_pending"] = frozenset()
-            return state[name]
+            if name in state:
+                return state[name]
+        if name in state.get("_cdc_refused", ()):
+            raise AttributeError(f"{name}: not rebuilt from the cache entry ({state['_cdc_refused'][name]})")
         if name in _MAKERS and name in self.__dict__.get("_cdc_remade", ()):
             value = _MAKERS[name](self)
             self.__dict__[name] = value
@@ -292,7 +366,7 @@ def rebuild(loaded: Any, result: dict[str, Any], wrapper: Callable[..., Any] | N
     compile's class and its plain state but for how the loader launches it (:data:`_LOADERS`).
     """
     mode = result["mode"]
-    cls = _loaded_class(_class(result["class"]), mode)
+    cls = _loaded_class(_compiled_class(result["class"]), mode)
     if mode == "cute-abi":
         if not isinstance(loaded, cls.__mro__[2]):  # [0] ours, [1] _Lazy, [2] the compile's class
             return loaded
