@@ -72,6 +72,14 @@ SETTINGS_DOC: dict[str, tuple[str, str, str]] = {
         "unset",
         "Name of a device profile (rtx-pro-6000, rtx-5090, ...) to compile for a card that is not present.",
     ),
+    "host_cpu": (
+        "CUTE_DISKCACHE_HOST_CPU",
+        "portable",
+        "Which CPU the host code of a new entry is written for: portable (x86-64-v2 on x86_64, armv8-a on aarch64: "
+        "any serving host runs it), native (tuned for this CPU and recorded as such: only CPUs with every extension "
+        "it has load it), or a baseline by name (x86-64-v2, x86-64-v3, x86-64-v4, armv8-a). Hits judge each entry "
+        "by what it records, whatever this says.",
+    ),
     "readonly": (
         "CUTE_DISKCACHE_READONLY",
         "0",
@@ -216,7 +224,7 @@ MAX_SECONDS = 86400.0
 _warned: set[tuple[str, str]] = set()  # (variable, value) already warned about: one line per process
 
 
-def _warn_once(name: str, raw: str, message: str, *args: object) -> None:
+def warn_once(name: str, raw: str, message: str, *args: object) -> None:
     if (name, raw) in _warned:
         return
     _warned.add((name, raw))
@@ -240,10 +248,10 @@ def _float_env(name: str, default: float) -> float:
     except ValueError:
         value = float("nan")
     if not math.isfinite(value) or value < 0:
-        _warn_once(name, raw, "ignoring %s=%r (not a finite number of seconds >= 0); using %g", name, raw, default)
+        warn_once(name, raw, "ignoring %s=%r (not a finite number of seconds >= 0); using %g", name, raw, default)
         return default
     if value > MAX_SECONDS:
-        _warn_once(name, raw, "%s=%r is more than %g s; using %g", name, raw, MAX_SECONDS, MAX_SECONDS)
+        warn_once(name, raw, "%s=%r is more than %g s; using %g", name, raw, MAX_SECONDS, MAX_SECONDS)
         return MAX_SECONDS
     return value
 
@@ -333,7 +341,7 @@ def max_size() -> int:
     try:
         return parse_size(raw)
     except ValueError:
-        _warn_once(name, raw, "ignoring %s=%r (not a size); using %s", name, raw, DEFAULT_MAX_SIZE)
+        warn_once(name, raw, "ignoring %s=%r (not a size); using %s", name, raw, DEFAULT_MAX_SIZE)
         return parse_size(DEFAULT_MAX_SIZE)
 
 
@@ -369,7 +377,7 @@ def _expanded(name: str) -> Path | None:
     try:
         return Path(raw).expanduser()
     except RuntimeError:
-        _warn_once(name, raw, "ignoring %s=%r (cannot expand ~: no such user or home directory)", name, raw)
+        warn_once(name, raw, "ignoring %s=%r (cannot expand ~: no such user or home directory)", name, raw)
         return None
 
 
@@ -408,14 +416,14 @@ def trust_group() -> int | None:
     if raw.isascii() and raw.isdigit():
         if int(raw) < _NO_GID:
             return int(raw)
-        _warn_once(name, raw, "ignoring %s=%r (not a group id: gids run from 0 to %d); no group is trusted", name, raw, _NO_GID - 1)
+        warn_once(name, raw, "ignoring %s=%r (not a group id: gids run from 0 to %d); no group is trusted", name, raw, _NO_GID - 1)
         return None
     try:
         import grp
 
         return grp.getgrnam(raw).gr_gid
     except Exception:  # KeyError (no such group), a name the C library cannot take
-        _warn_once(name, raw, "ignoring %s=%r (no such group here; give the gid); no group is trusted", name, raw)
+        warn_once(name, raw, "ignoring %s=%r (no such group here; give the gid); no group is trusted", name, raw)
         return None
 
 
@@ -434,14 +442,14 @@ def read_dirs(root: Path) -> tuple[Path, ...]:
             try:
                 path = Path(part.strip()).expanduser()
             except RuntimeError:  # ~user this host does not know: that layer only, never load()
-                _warn_once(name, part, "ignoring %r in %s (cannot expand ~)", part, name)
+                warn_once(name, part, "ignoring %r in %s (cannot expand ~)", part, name)
                 continue
             if not path.is_absolute():
-                _warn_once(name, part, "ignoring %r in %s (not an absolute path)", part, name)
+                warn_once(name, part, "ignoring %r in %s (not an absolute path)", part, name)
                 continue
             if path != root and path not in out:
                 if not _is_dir(path):
-                    _warn_once(name, part, "%s lists %s, which is not a directory here: no hits from it until it is", name, path)
+                    warn_once(name, part, "%s lists %s, which is not a directory here: no hits from it until it is", name, path)
                 out.append(path)
     return tuple(out)
 

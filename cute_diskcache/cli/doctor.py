@@ -31,7 +31,25 @@ def report() -> dict[str, Any]:
     from ..b12x_sites import scan as b12x_scan
     from ..flashinfer_sites import coverage_report
 
-    return {**coverage_report(), "b12x": b12x_scan.report()}
+    return {**coverage_report(), "b12x": b12x_scan.report(), "host_code": host_code_report()}
+
+
+def host_code_report() -> dict[str, Any]:
+    """What host code new entries get, and whether this CPU runs it (a pre-2009 CPU would not)."""
+    from ..keys import hostcpu
+
+    code = hostcpu.host_code()
+    return {"name": code.name, "machine": code.machine, "setting": hostcpu.env_name(),
+            "this_cpu_lacks": hostcpu.missing(code.extensions, machine=code.machine)}
+
+
+def _host_code_line(report: dict[str, Any]) -> str:
+    code = report.get("host_code") or {}
+    if not code:
+        return ""
+    lacks = code.get("this_cpu_lacks") or []
+    runs = f"this CPU lacks {', '.join(lacks)}" if lacks else "this CPU runs it"
+    return f"host code        {code['name']} for new entries ({code['setting']}); {runs}"
 
 
 def _yes(flag: bool) -> str:
@@ -82,6 +100,7 @@ def render(report: dict[str, Any], json: bool = False, show_all: bool = False) -
         f"  enabled        {_enabled_text(bool(report.get('enabled')))}   read-only {_yes(bool(report.get('readonly')))}",
         f"target profile   {report.get('target') or 'none (the real device)'}"
         + (f"  arch {report['arch']}" if report.get("arch") else ""),
+        _host_code_line(report),
     ]
     if report.get("native_cache_dir"):
         state = "OFF (FLASHINFER_CUTE_DSL_DISABLE_CACHE=1)" if report.get("native_cache_disabled") else "on"

@@ -157,6 +157,7 @@ class CompileCache:
         self.miss_level = logging.DEBUG
         self.counting = "prewarm"
         self._announced = True
+        self.store.rebuild_tuned_entries()
 
     def warm_up(self) -> float:
         """Do the once-per-process work now, at attach (engine start), not in the first request.

@@ -37,6 +37,7 @@ import os
 import tempfile
 from typing import Any
 
+from ..keys import hostcpu
 from ..storage import elf
 
 log = logging.getLogger("cute_diskcache")
@@ -124,11 +125,35 @@ def _tvm_ffi_object(compiled: Any, machine: str, symbol: str) -> bytes:
 
     entry = f"__tvm_ffi_{compiled.function_name}"
     module = get_export_module(compiled.ir_module, f"__cute_internal_{symbol}", preserve_symbols={entry})
-    with tempfile.TemporaryDirectory(prefix="cdc-cross-") as tmp:
+    return write_object(module, machine, hostcpu.host_code().llvm_cpu or "", entry)
+
+
+def write_object(module: Any, machine: str, cpu: str, function: str | None = None) -> bytes:
+    """``module`` (lowered to the LLVM dialect) as a PIC object for ``machine``, its host code for
+    LLVM CPU ``cpu`` ("": the machine's generic CPU) at the DSL's export optimisation level.
+
+    The same writer serves another machine's object and this machine's baseline object: the
+    DSL's ``export_module_to_bytes`` takes no CPU and always tunes for the build CPU. The writer
+    needs the name of a function the module defines (it does not change the bytes, measured);
+    without one, the first ``__tvm_ffi_`` function is taken.
+    """
+    function = function or _entry_function(module)
+    with tempfile.TemporaryDirectory(prefix="cdc-host-") as tmp:
         path = os.path.join(tmp, "kernel.o")
-        _engine().dump_object_file_pic(module, path, entry, opt_level=_OPT_LEVEL, host_triple=TRIPLES[machine])
+        _engine().dump_object_file_pic(module, path, function, opt_level=_OPT_LEVEL, host_triple=TRIPLES[machine],
+                                       host_cpu=cpu)
         with open(path, "rb") as fh:
             return fh.read()
+
+
+def _entry_function(module: Any) -> str:
+    """The first function ``module`` defines, a tvm-ffi entry point preferred."""
+    defined = [str(op.attributes["sym_name"]).strip('"') for op in module.body.operations
+               if op.operation.name == "llvm.func" and len(op.operation.regions) and len(op.operation.regions[0].blocks)]
+    entries = [name for name in defined if name.startswith("__tvm_ffi_")]
+    if not (entries or defined):
+        raise CrossBuildError("the module defines no function")
+    return (entries or defined)[0]
 
 
 def _cutlass_call_object(compiled: Any, machine: str, symbol: str) -> bytes:

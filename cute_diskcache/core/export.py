@@ -17,6 +17,7 @@ import types
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from ..keys import hostcpu
 from ..storage.elf import cubins_in
 from ..storage.entry import Artifact
 
@@ -62,15 +63,19 @@ def export(
     t0 = time.perf_counter()
     symbol = symbol_for(digest)
     tvm_ffi = hasattr(compiled, "__tvm_ffi_object__") or "TVMFFI" in type(compiled).__name__
+    host = hostcpu.native()  # what the DSL's own exporters write
     if hostmachine.cross():
         from . import crossbuild
 
         obj = crossbuild.host_object(compiled, hostmachine.current(), symbol)
+        host = hostcpu.host_code()
         if tvm_ffi:
             symbol = str(compiled.function_name)  # it exports __tvm_ffi_<function name>, as a captured object does
         link = False  # another machine's object: its toolchain, not ours
     elif (obj := _compile_time_object(compiled, captured) if tvm_ffi else None) is not None:
         symbol = str(compiled.function_name)
+        host = getattr(obj, "host", host)
+        obj = bytes(obj)
     else:
         def run() -> bytes:
             if not tvm_ffi:
@@ -92,6 +97,7 @@ def export(
         mlir_text=mlir_text, mlir_bytecode=mlir_bytecode,
         compile_seconds=compile_seconds, export_seconds=time.perf_counter() - t0,
         extra=dict(extra or {}), **({"device": dict(device)} if device else {}),
+        host_cpu=host.name, host_isa=host.extensions,
     )
 
 
@@ -129,11 +135,44 @@ class _AotTap(types.ModuleType):
         return getattr(self.__dict__["_cdc_real"], name)
 
     def export_module_to_bytes(self, *args: Any, **kwargs: Any) -> Any:
-        out = self.__dict__["_cdc_real"].export_module_to_bytes(*args, **kwargs)
         sink = getattr(_tap, "sink", None)
+        if sink is not None and kwargs.get("format", "o") == "o":
+            portable = _portable_object(*args)
+            if portable is not None:  # what the DSL loads and runs is what the entry will hold
+                sink.append(portable)
+                return portable
+        out = self.__dict__["_cdc_real"].export_module_to_bytes(*args, **kwargs)
         if sink is not None and kwargs.get("format", "o") == "o" and isinstance(out, (bytes, bytearray)):
-            sink.append(bytes(out))
+            sink.append(HostObject(out, hostcpu.native()))
         return out
+
+
+class HostObject(bytes):
+    """An object the compile emitted, and the CPU its host code was written for."""
+
+    host: hostcpu.HostCode
+
+    def __new__(cls, data: bytes, host: hostcpu.HostCode) -> "HostObject":
+        obj = super().__new__(cls, data)
+        obj.host = host
+        return obj
+
+
+def _portable_object(module: Any = None, *_rest: Any) -> HostObject | None:
+    """The compile's own object written for this process's baseline (:func:`..keys.hostcpu.host_code`)
+    instead of for this CPU, or None (``native``, another machine's build, or a writer that
+    failed: the DSL's own object is used and recorded as native, never a wrong record)."""
+    from ..keys import hostmachine
+    from . import crossbuild
+
+    code = hostcpu.host_code()
+    if not code.portable or hostmachine.cross() or module is None:
+        return None
+    try:
+        return HostObject(crossbuild.write_object(module, code.machine, code.llvm_cpu or ""), code)
+    except Exception as exc:  # private DSL API: a DSL that lays it out otherwise keeps its own object
+        log.debug("no %s host object (%s: %s); keeping the DSL's own", code.name, type(exc).__name__, exc)
+        return None
 
 
 def _install_tap() -> bool:

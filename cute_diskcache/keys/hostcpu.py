@@ -1,12 +1,20 @@
-"""The host CPU's instruction-set extensions, for objects built on one machine and loaded on another.
+"""Which CPU an entry's host code is written for, and whether this CPU can run it.
 
-An exported object is host launch code plus a cubin, and the DSL tunes the host code for the CPU
-that compiled it (measured: the same kernel built on our CPU box and on the H200's host differs
-in 128 bytes of x86 host code). An offline prewarm on a build box with, say, AVX-512 could then
-hand a GPU box without it code that dies on an illegal instruction. Entries record the build
-CPU's extensions that a compiler may use on its own; a loading CPU that lacks any of them treats
-the entry as a miss. This is conservative (the code may not use every extension the build CPU
-had) but never crashes.
+An entry is host launch glue (argument packing, the driver calls) plus cubins. Left to itself the
+DSL tunes that glue for the CPU that compiled it, so a cache prewarmed on an AVX-512 build box
+was refused whole by a serving host without AVX-512 (the entry recorded the build CPU's
+extensions, and a host lacking any of them treated it as a miss). Nothing in launch glue needs
+more than SSE4.2, so by default every compile writes its host code for a named baseline
+(:data:`DEFAULT_BASELINE` of the machine) and the entry records the baseline's name and the
+extensions it implies: a host is judged by "the baseline's extensions are a subset of mine".
+``CUTE_DISKCACHE_HOST_CPU=native`` keeps the old way (tuned for and recorded as the build CPU);
+another baseline's name picks that one. Entries written by earlier releases recorded their build
+CPU and keep being judged that way.
+
+Why x86-64-v2 and not v3: the glue gains nothing from AVX2 (measured in docs/performance.md: the
+v3 object differs only by VEX encodings of the same struct copies, and launches take the same
+time), while v2 runs on every x86-64 CPU since 2009 (Nehalem, Bulldozer), a workstation's old
+CPU under a new RTX card included, and on qemu's default CPU models.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 import functools
 import platform
 import re
+from dataclasses import dataclass
 
 # x86 extension names as /proc/cpuinfo spells them; everything else there (ht, hypervisor,
 # cpuid bits, bug flags...) varies between identical hosts and VMs and says nothing about code.
@@ -51,15 +60,6 @@ def isa_extensions() -> tuple[str, ...]:
     return ()
 
 
-def recorded() -> tuple[str, ...]:
-    """What a new entry records as its build CPU's extensions: this CPU's, or none when this
-    process writes another machine's host code (:mod:`.hostmachine`): that object is built for
-    the machine's baseline (no ``-mcpu``), and this CPU's extensions say nothing about it."""
-    from . import hostmachine
-
-    return () if hostmachine.cross() else isa_extensions()
-
-
 def missing(recorded: list[str] | tuple[str, ...], machine: str | None = None) -> list[str]:
     """Extensions the build CPU had that this one lacks (empty if we cannot tell).
 
@@ -83,30 +83,114 @@ def _missing(recorded: tuple[str, ...], extensions: tuple[str, ...]) -> tuple[st
     return tuple(sorted(set(recorded) - here))
 
 
-#: The extensions a build CPU may have without narrowing where its entries load: what common
-#: serving CPUs all have. x86-64-v3 (the psABI's level: AVX2, BMI1/2, F16C, FMA, LZCNT, MOVBE
-#: over v2's SSE4.2, SSSE3, POPCNT, CX16) is what every x86 host of a Blackwell GPU has (Intel
-#: since Haswell, AMD since Zen 1, Intel's E-core Xeons included) and the level RHEL 10 and
-#: other distributions build for; ADX is added because every CPU of that list has it too
-#: (Broadwell and later, every Zen), so naming it would warn on every build box for no host.
-#: Not in it: AVX-512 (Zen 2/3 EPYC and the E-core Xeon 6 lack it), AVX-VNNI, GFNI, VAES and the
-#: like, which Sapphire Rapids or Zen 4 build boxes have and many serving hosts do not.
-#: Names as /proc/cpuinfo spells them (``abm`` is LZCNT there).
-X86_64_V3 = frozenset({
-    "sse", "sse2",  # v1 (cmov, cx8, fxsr, mmx... are not ISA names we record)
-    "cx16", "popcnt", "sse4_1", "sse4_2", "ssse3",  # v2 (sse3 is "pni", lahf_lm: not recorded)
-    "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "lzcnt", "movbe",  # v3
-})
-BASELINE = X86_64_V3 | {"adx"}
-BASELINE_NAME = "x86-64-v3 (the common serving baseline)"
+#: x86 psABI micro-architecture levels, as /proc/cpuinfo spells the extensions each implies (sse3 is
+#: "pni" there and lahf_lm, cmov, cx8... are not recorded names, so they are left out; LZCNT is
+#: "abm"). v4 is listed for those who ask for it by name; it is never a default.
+_X86_64_V2 = ("cx16", "popcnt", "sse", "sse2", "sse4_1", "sse4_2", "ssse3")
+_X86_64_V3 = _X86_64_V2 + ("abm", "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe")
+_X86_64_V4 = _X86_64_V3 + ("avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vl")
+
+
+@dataclass(frozen=True)
+class HostCode:
+    """What an entry's host code is written for: a baseline's name (or ``native``), the machine,
+    the CPU name LLVM is given (None: the DSL's own choice, this CPU), and the extensions the
+    entry records (what a loading CPU must have)."""
+
+    name: str
+    machine: str
+    llvm_cpu: str | None
+    extensions: tuple[str, ...]
+
+    @property
+    def portable(self) -> bool:
+        return self.llvm_cpu is not None
+
+
+#: Named baselines per machine. aarch64's is what the DGX Spark cross-build writes (LLVM's
+#: generic AArch64: Armv8-A with FP and Advanced SIMD, no -mcpu).
+BASELINES: dict[str, HostCode] = {
+    "x86-64-v2": HostCode("x86-64-v2", "x86_64", "x86-64-v2", tuple(sorted(_X86_64_V2))),
+    "x86-64-v3": HostCode("x86-64-v3", "x86_64", "x86-64-v3", tuple(sorted(_X86_64_V3))),
+    "x86-64-v4": HostCode("x86-64-v4", "x86_64", "x86-64-v4", tuple(sorted(_X86_64_V4))),
+    "armv8-a": HostCode("armv8-a", "aarch64", "generic", ("asimd", "fp")),
+}
+#: What ``portable`` (the default) means on each machine.
+DEFAULT_BASELINE = {"x86_64": "x86-64-v2", "aarch64": "armv8-a"}
+#: ``CUTE_DISKCACHE_HOST_CPU`` values besides a baseline's name.
+PORTABLE, NATIVE = "portable", "native"
+
+
+def choices() -> tuple[str, ...]:
+    return (PORTABLE, NATIVE, *BASELINES)
+
+
+def env_name() -> str:
+    from .. import config
+
+    return config.env_name("host_cpu")
+
+
+def _setting() -> str:
+    from .. import config
+
+    raw = (config.text("host_cpu") or PORTABLE).lower()
+    if raw in choices():
+        return raw
+    name = config.env_name("host_cpu")
+    config.warn_once(name, raw, "ignoring %s=%r (expected one of %s); using %s", name, raw, "|".join(choices()), PORTABLE)
+    return PORTABLE
+
+
+def native() -> HostCode:
+    """This CPU, as the DSL tunes for it when left alone."""
+    return HostCode(NATIVE, platform.machine().lower(), None, isa_extensions())
+
+
+def host_code() -> HostCode:
+    """What this process writes host code for: the setting's baseline for the machine it writes
+    for (:mod:`.hostmachine`), or this CPU with ``native``. A process writing another machine's
+    code cannot tune for a CPU it has not got: it writes that machine's default baseline."""
+    from . import hostmachine
+
+    machine = hostmachine.current().lower()
+    wanted = _setting()
+    if wanted == NATIVE and not hostmachine.cross():
+        return native()
+    chosen = BASELINES.get(wanted)
+    if chosen is None or chosen.machine != machine:
+        chosen = BASELINES.get(DEFAULT_BASELINE.get(machine, ""))
+    return chosen if chosen is not None else native()
+
+
+def tuned_beyond(recorded: list[str] | tuple[str, ...], code: HostCode | None = None) -> list[str]:
+    """Extensions an entry's host code needs beyond what this process writes (``code``, default
+    :func:`host_code`): a native entry from an earlier release, or from a ``native`` build box,
+    that prewarm rebuilds so the cache serves every host again. Empty when ``code`` is native."""
+    code = code or host_code()
+    if not code.portable:
+        return []
+    allowed = set(code.extensions)
+    return sorted(f for f in recorded if f not in allowed and (code.machine != "x86_64" or _codegen_relevant(f)))
 
 
 def beyond_baseline(extensions: tuple[str, ...] | list[str] | None = None) -> list[str]:
-    """This CPU's (or ``extensions``') recorded extensions that common serving CPUs lack
-    (:data:`BASELINE`): a build box with any of them makes entries those hosts cannot use.
-    Empty off x86 (no baseline is defined there: aarch64 build and serving hosts are usually
-    the same Grace or Neoverse part) and where the CPU cannot be read."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    """This CPU's (or ``extensions``') codegen-relevant extensions beyond the machine's default
+    baseline: what a ``native`` entry written here records and a serving host may lack. Empty
+    off x86 (aarch64 build and serving hosts are usually the same Grace or Neoverse part)."""
+    machine = platform.machine().lower()
+    if machine not in ("x86_64", "amd64"):
         return []
+    base = set(BASELINES[DEFAULT_BASELINE["x86_64"]].extensions)
     have = isa_extensions() if extensions is None else extensions
-    return sorted(f for f in have if _codegen_relevant(f) and f not in BASELINE)
+    return sorted(f for f in have if _codegen_relevant(f) and f not in base)
+
+
+def written_beyond_baseline() -> list[str]:
+    """What the entries this process writes need beyond the default baseline: none unless the
+    host code is ``native`` (then this CPU's extras), or a wider baseline was asked for by name."""
+    code = host_code()
+    if code.portable:
+        base = set(BASELINES.get(DEFAULT_BASELINE.get(code.machine, ""), code).extensions)
+        return sorted(set(code.extensions) - base)
+    return beyond_baseline()

@@ -463,11 +463,11 @@ def where_written(kernels: dict[str, Kernel]) -> dict[str, Any]:
 
 
 def _cpu_extras() -> list[str]:
-    """This CPU's extensions beyond the serving baseline, which the entries record; none when
-    they hold another machine's host code (built for that machine's baseline)."""
-    from ..keys import hostcpu, hostmachine
+    """What the entries written here need beyond the default baseline (none unless
+    ``CUTE_DISKCACHE_HOST_CPU`` asked for native or a wider baseline)."""
+    from ..keys import hostcpu
 
-    return [] if hostmachine.cross() else hostcpu.beyond_baseline()
+    return hostcpu.written_beyond_baseline()
 
 
 def _host_machine() -> str:
@@ -525,12 +525,16 @@ def print_next_steps(written: dict[str, Any], cpu_extras: list[str], plan_argv: 
         print(f"note: the entries hold {host_machine} host code (cross-built on this {hostmachine.here()} machine) for "
               f"{host_machine} serving hosts; this machine cannot load them, and the check above answers for an "
               f"{host_machine} host here too")
-    if cpu_extras:
-        from ..keys import hostcpu
+    from ..keys import hostcpu
 
-        print(f"note: this CPU has {', '.join(cpu_extras)}, beyond {hostcpu.BASELINE_NAME}; the entries record them, and a "
-              f"serving host whose CPU lacks any of them will not use the entries (a host-cpu miss; 'cute-diskcache check' "
-              f"there names them). Prewarm on a CPU like the serving hosts'.")
+    code = hostcpu.host_code()
+    if cpu_extras:
+        print(f"note: {hostcpu.env_name()}={code.name}: the host code needs {', '.join(cpu_extras)}, beyond "
+              f"{hostcpu.DEFAULT_BASELINE.get(code.machine)}; a serving host whose CPU lacks any of them will not use the "
+              f"entries (a host-cpu miss; 'cute-diskcache check' there names them). Unset it for portable host code.")
+    else:
+        print(f"host code: {code.name} (any {code.machine} serving host with {code.name}'s extensions runs it; "
+              f"{hostcpu.env_name()}=native tunes it for this CPU instead)")
 
 
 def add_plan_arguments(ap: argparse.ArgumentParser) -> None:

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     summary["host_machine"] = hostmachine.current()
     if not args.dry_run:
         summary["written"] = _written(results)
-        summary["host_cpu_beyond_baseline"] = [] if hostmachine.cross() else hostcpu.beyond_baseline()
+        summary["host_cpu_beyond_baseline"] = hostcpu.written_beyond_baseline()
     if args.json:
         print(json.dumps({"schema": prewarm.JSON_SCHEMA, **summary}, indent=1))
     else:

@@ -90,6 +90,10 @@ class Artifact:
     shared_bytes: bytes | None = None
     # the kernel's MLIR as bytecode (preferred to mlir_text when both are there)
     mlir_bytecode: bytes | None = None
+    # what the host code was written for (.hostcpu.HostCode): a baseline's name or "native", and
+    # the extensions a loading CPU must have; None: the DSL's own export, tuned for this CPU
+    host_cpu: str | None = None
+    host_isa: tuple[str, ...] | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,7 +169,8 @@ def build_manifest(key: CacheKey, art: Artifact, payloads: dict[str, list[dict[s
         "created": time.time(),
         "host": socket.gethostname(),
         "writer": f"cute-diskcache {_version.__version__}",
-        "host_isa": list(hostcpu.recorded()),
+        "host_cpu": art.host_cpu or hostcpu.NATIVE,
+        "host_isa": list(art.host_isa if art.host_isa is not None else hostcpu.native().extensions),
         "device": art.device,
         "extra": art.extra,
     }

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from . import entry, eviction, housekeeping, layout, locking, stats, trust
+from ..keys import hostcpu
 from ..keys.key import CacheKey
 from .layout import LAYOUT
 
@@ -87,6 +88,9 @@ class Store:
         self._foreign_owner: int | None = None  # who owns the root we trust but cannot write, until said once
         self._reported: set[tuple[str, str]] = set()  # (path, reason) already warned about
         self.rejected = 0  # entries found but refused by a check, this process
+        # A prewarm's store: an entry whose host code is tuned beyond what this process writes
+        # (a native one from an earlier release) is a miss, so the prewarm rebuilds it portable.
+        self.rebuild_tuned = False
         self._lock = threading.Lock()
 
     # -- paths --------------------------------------------------------------------------------
@@ -301,7 +305,16 @@ class Store:
             # A file where the entry's directory should be is as foreign as a bad manifest.
             corrupt = exc.reason in entry.CORRUPT or (exc.reason == "unreadable" and os.path.lexists(path) and not os.path.isdir(path))
             return Refusal(exc, path, corrupt, manifest)
+        if self.rebuild_tuned and (beyond := hostcpu.tuned_beyond(manifest.get("host_isa") or [])):
+            why = (f"its host code needs {', '.join(beyond[:6])}, beyond {hostcpu.host_code().name}; "
+                   "rebuilt for every serving CPU")
+            return Refusal(entry.EntryError("tuned", why), path, False, manifest)
         return Found(manifest, data, role or "object")
+
+    def rebuild_tuned_entries(self) -> None:
+        """Make every lookup of this store and its layers treat a tuned entry as a miss (prewarm)."""
+        for store in (self, *self.layers):
+            store.rebuild_tuned = True
 
     def read_role(self, key: CacheKey, role: str) -> tuple[bytes, str] | None:
         """A verified payload of ``key``'s entry other than the one a hit loaded, and its file
@@ -321,6 +334,10 @@ class Store:
 
     def note_refusal(self, path: Path, exc: entry.EntryError) -> None:
         """A sound entry this process cannot use: a miss, counted and reported once; it stays."""
+        if exc.reason == "tuned":  # a prewarm rebuilding it portable: its own summary says so
+            log.debug("cache entry %s: %s", path.name, exc.detail)
+            self.rejected += 1
+            return
         if exc.reason == "signature" and exc.detail == entry.UNSIGNED:
             message = "cache entry %s is not signed (CUTE_DISKCACHE_HMAC_KEY is set); recompiling and signing it"
             args: tuple[Any, ...] = (path.name,)
