@@ -28,6 +28,7 @@ from cute_diskcache.keys import hostcpu
 from cute_diskcache.storage import entry
 
 from _nobody import can_run_as_others
+from test_remote_redis import redis_db, redis_url  # noqa: F401  (fixtures)
 
 HERE = Path(__file__).resolve().parent
 CHILD = HERE / "host_code_child.py"
@@ -259,3 +260,28 @@ def test_a_prewarm_over_a_native_entry_rebuilds_it_portable(tmp_path: Path, prob
     again = prewarm_json(root, "--model", "qwen3-30b-a3b", "--target", "rtx-pro-6000", "--max-num-tokens", "4096", "--m", "1",
                          "--no-dense")
     assert again["already_cached"] == 1 and again["compiled"] == 0, again
+
+
+# --------------------------------------------------------------------------------------------
+# A fleet of two CPU generations on one Redis
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_fleet_of_two_cpu_classes_compiles_once(probe: Any, redis_db: Any, redis_url: str, tmp_path: Path) -> None:
+    """A node whose CPU shows AVX-512 compiles and publishes; a node of an older generation,
+    with its own empty root, loads the fleet's entry: one compile fleet-wide, both nodes serve."""
+    from test_remote_redis import node_env
+
+    _needs_namespaces()
+    flags = re.search(r"(?m)^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text())
+    if flags is None:
+        pytest.skip("no flags line in /proc/cpuinfo")
+    plain = " ".join(f for f in flags.group(1).split() if not f.startswith("avx512"))
+    newer = seeing(cpuinfo_with_flags(tmp_path / "cpuinfo-avx512", f"{plain} {' '.join(AVX512_FLAGS)}"))
+    older = seeing(cpuinfo_with_flags(tmp_path / "cpuinfo-plain", plain))
+    first = probe(tmp_path / "node-new" / "root", 1, prefix=newer, extra_env=node_env(redis_url))
+    assert first["real_compiles"] == 1
+    second = probe(tmp_path / "node-old" / "root", 1, prefix=older, extra_env=node_env(redis_url))
+    assert second["real_compiles"] == 0, second["cache_log"]
+    assert second["counters"]["hits"] == 1 and second["counters"]["remote_hits"] == 1, second["counters"]
