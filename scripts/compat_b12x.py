@@ -104,26 +104,27 @@ def cell_venv(cell: B12xCell, scratch: Path) -> Path:
     venv = scratch / "cells" / cell.name
     python = venv / "bin" / "python"
     stamp = venv / "compat-cell.json"
-    if stamp.is_file() and json.loads(stamp.read_text()) == cell.requirements():
+    with cm.building(venv):  # two test workers may want it at once: one builds, one waits
+        if stamp.is_file() and json.loads(stamp.read_text()) == cell.requirements():
+            return python
+        if cell.layer:
+            layer = next(c for c in cm.CELLS if c.name == cell.layer)
+            under = cm._purelib(cm.cell_venv(layer, scratch))  # built if absent, reused if present
+        else:
+            under = cm._purelib(cm.base_venv(scratch) / "bin" / "python")
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+        # Lowest priority on sys.path; the layer's own .pth lines (its base: torch, ...) are read too.
+        # b12x's own directory comes first, so flashinfer 0.7.4's `b12x` alias package is shadowed.
+        (cm._purelib(python) / "zz_compat_base.pth").write_text(f"{under}\nimport site; site.addsitedir({str(under)!r})\n")
+        constraints = cm._constraints(scratch)
+        dsl = [r for r in cell.requirements() if r.startswith("nvidia-cutlass-dsl")]
+        if dsl:
+            cm._pip(python, *dsl, constraints=constraints)
+        cm._pip(python, "--no-deps", f"b12x=={cell.b12x}", constraints=constraints)
+        cm._pip(python, *B12X_DEPS, constraints=constraints)
+        stamp.write_text(json.dumps(cell.requirements()))
         return python
-    if cell.layer:
-        layer = next(c for c in cm.CELLS if c.name == cell.layer)
-        under = cm._purelib(cm.cell_venv(layer, scratch))  # built if absent, reused if present
-    else:
-        under = cm._purelib(cm.base_venv(scratch) / "bin" / "python")
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
-    # Lowest priority on sys.path; the layer's own .pth lines (its base: torch, ...) are read too.
-    # b12x's own directory comes first, so flashinfer 0.7.4's `b12x` alias package is shadowed.
-    (cm._purelib(python) / "zz_compat_base.pth").write_text(f"{under}\nimport site; site.addsitedir({str(under)!r})\n")
-    constraints = cm._constraints(scratch)
-    dsl = [r for r in cell.requirements() if r.startswith("nvidia-cutlass-dsl")]
-    if dsl:
-        cm._pip(python, *dsl, constraints=constraints)
-    cm._pip(python, "--no-deps", f"b12x=={cell.b12x}", constraints=constraints)
-    cm._pip(python, *B12X_DEPS, constraints=constraints)
-    stamp.write_text(json.dumps(cell.requirements()))
-    return python
 
 
 @dataclasses.dataclass

@@ -31,8 +31,10 @@ and the versions table of docs/versions.md is generated from them (``--readme``)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
+import fcntl
 import json
 import logging
 import os
@@ -43,7 +45,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 log = logging.getLogger("compat_matrix")
 
@@ -177,22 +179,47 @@ def _pip(python: Path, *args: str, constraints: Path) -> None:
 
 
 def _constraints(scratch: Path) -> Path:
+    """The torch pin as a constraints file, replaced atomically: a pip reading it while another
+    process rewrites it must never see it empty (an open torch spec pulls a multi-GB CUDA build)."""
     path = scratch / "constraints.txt"
-    path.write_text(f"{TORCH}\n")
+    if not path.is_file() or path.read_text() != f"{TORCH}\n":
+        scratch.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".constraints.{os.getpid()}.tmp")
+        tmp.write_text(f"{TORCH}\n")
+        os.replace(tmp, path)
     return path
+
+
+@contextlib.contextmanager
+def building(venv: Path) -> Iterator[None]:
+    """Hold ``<venv>.lock`` (flock) while a venv is checked and built.
+
+    The test suite runs on two workers and several test modules want the same venvs: one
+    builds, the other waits and then finds the stamp. flock, so the shell scripts
+    (make_b12x_venv.sh reads a cell) take the same lock with flock(1). Not reentrant: never
+    nest two calls for one venv.
+    """
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(f"{venv}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def base_venv(scratch: Path) -> Path:
     """The shared venv with torch 2.13.0 (CPU), triton and the small deps; built once."""
     venv = scratch / "base"
     stamp = venv / "compat-base.json"
-    if stamp.is_file() and json.loads(stamp.read_text()) == list(BASE_PACKAGES):
+    with building(venv):
+        if stamp.is_file() and json.loads(stamp.read_text()) == list(BASE_PACKAGES):
+            return venv
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+        _pip(venv / "bin" / "python", *BASE_PACKAGES, constraints=_constraints(scratch))
+        stamp.write_text(json.dumps(list(BASE_PACKAGES)))
         return venv
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
-    _pip(venv / "bin" / "python", *BASE_PACKAGES, constraints=_constraints(scratch))
-    stamp.write_text(json.dumps(list(BASE_PACKAGES)))
-    return venv
 
 
 def cell_venv(cell: Cell, scratch: Path) -> Path:
@@ -201,15 +228,16 @@ def cell_venv(cell: Cell, scratch: Path) -> Path:
     venv = scratch / "cells" / cell.name
     python = venv / "bin" / "python"
     stamp = venv / "compat-cell.json"
-    if stamp.is_file() and json.loads(stamp.read_text()) == cell.requirements():
+    with building(venv):
+        if stamp.is_file() and json.loads(stamp.read_text()) == cell.requirements():
+            return python
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+        # Lowest priority on sys.path: the cell's own packages shadow the base's.
+        (_purelib(python) / "zz_compat_base.pth").write_text(f"{_purelib(base / 'bin' / 'python')}\n")
+        _pip(python, *cell.requirements(), constraints=_constraints(scratch))
+        stamp.write_text(json.dumps(cell.requirements()))
         return python
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
-    # Lowest priority on sys.path: the cell's own packages shadow the base's.
-    (_purelib(python) / "zz_compat_base.pth").write_text(f"{_purelib(base / 'bin' / 'python')}\n")
-    _pip(python, *cell.requirements(), constraints=_constraints(scratch))
-    stamp.write_text(json.dumps(cell.requirements()))
-    return python
 
 
 #: vLLM as its newest release ships it. Its wheel requires torch==2.14.0 (a CUDA build here), so
@@ -246,16 +274,17 @@ def vllm_venv(scratch: Path) -> Path:
     python = venv / "bin" / "python"
     stamp = venv / "compat-vllm.json"
     wanted = [VLLM, *VLLM_IMPORTS, *VLLM_FLASHINFER]
-    if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
+    with building(venv):
+        if stamp.is_file() and json.loads(stamp.read_text()) == wanted:
+            return python
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+        (_purelib(python) / "zz_compat_base.pth").write_text(f"{_purelib(base / 'bin' / 'python')}\n")
+        constraints = _constraints(scratch)
+        _pip(python, "--no-deps", VLLM, constraints=constraints)
+        _pip(python, *_vllm_requirements(python), *VLLM_FLASHINFER, constraints=constraints)
+        stamp.write_text(json.dumps(wanted))
         return python
-    shutil.rmtree(venv, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
-    (_purelib(python) / "zz_compat_base.pth").write_text(f"{_purelib(base / 'bin' / 'python')}\n")
-    constraints = _constraints(scratch)
-    _pip(python, "--no-deps", VLLM, constraints=constraints)
-    _pip(python, *_vllm_requirements(python), *VLLM_FLASHINFER, constraints=constraints)
-    stamp.write_text(json.dumps(wanted))
-    return python
 
 
 def install_checkout_wheel(python: Path, code: Path, workdir: Path) -> Path:

@@ -47,6 +47,8 @@ Emulation is CPU heavy: run it under ``nice -n 10`` where others share the machi
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -59,7 +61,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 log = logging.getLogger("emulated_aarch64")
 
@@ -161,6 +163,20 @@ def _stamp(path: Path, data: Any) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def _building(scratch: Path, what: str) -> Iterator[None]:
+    """Hold ``scratch/<what>.lock`` (flock) while a part is checked and built: the test suite's
+    two workers (and other runs on this machine) may want it at once; one builds, one waits.
+    Not reentrant: the parts are built under separate locks, never nested."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    fd = os.open(scratch / f"{what}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def build_sysroot(scratch: Path) -> Path:
     """Debian's arm64 python3.11 and libraries, unpacked under ``scratch/sysroot`` (reused)."""
     sysroot, stamp = scratch / "sysroot", scratch / "sysroot.json"
@@ -189,47 +205,58 @@ def build(scratch: Path = DEFAULT_SCRATCH) -> Path:
     why = unavailable()
     if why:
         raise RuntimeError(why)
-    scratch.mkdir(parents=True, exist_ok=True)
-    sysroot = build_sysroot(scratch)
-    venv = scratch / "venv"
-    python = venv / "bin" / "python"
-    site = venv / "lib" / f"python{PYTHON_MINOR}" / "site-packages"
-    wanted = spec()
-    if not (_stamp(venv / "cdc-env.json", wanted) and python.exists()):
-        shutil.rmtree(venv, ignore_errors=True)
-        (venv / "bin").mkdir(parents=True)
-        site.mkdir(parents=True)
-        # home: the interpreter's prefix as the emulated process sees it (qemu -L maps /usr into the sysroot)
-        (venv / "pyvenv.cfg").write_text(f"home = /usr/bin\ninclude-system-site-packages = false\nversion = {PYTHON_MINOR}\n")
-        platforms = [a for p in _PLATFORMS for a in ("--platform", p)]
-        _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", site, *platforms,
-              "--python-version", PYTHON_MINOR, "--implementation", "cp", "--abi", "cp" + PYTHON_MINOR.replace(".", ""),
-              "--only-binary=:all:", *wanted["wheels"]])
-        (venv / "cdc-env.json").write_text(json.dumps(wanted))
-    # Paths relative to the script: the environment still runs where a bind mount shows it elsewhere
-    # (a test running the engine as another uid, which cannot enter root's home).
-    python.write_text("#!/bin/sh\n# aarch64 CPython (Debian's) under qemu user mode; built by scripts/emulated_aarch64.py\n"
-                      'top=$(cd "$(dirname "$0")/../.." && pwd)\n'
-                      f'exec {qemu()} -L "$top/{sysroot.name}" -0 "$0" "$top/{sysroot.name}/usr/bin/python{PYTHON_MINOR}" "$@"\n')
-    python.chmod(0o755)
-    (site / "cdc-checkout.pth").write_text(f"{REPO}\n")  # this checkout's cute_diskcache, as an editable install would
-    return python
+    with _building(scratch, "env"):
+        scratch.mkdir(parents=True, exist_ok=True)
+        sysroot = build_sysroot(scratch)
+        venv = scratch / "venv"
+        python = venv / "bin" / "python"
+        site = venv / "lib" / f"python{PYTHON_MINOR}" / "site-packages"
+        wanted = spec()
+        if not (_stamp(venv / "cdc-env.json", wanted) and python.exists()):
+            shutil.rmtree(venv, ignore_errors=True)
+            (venv / "bin").mkdir(parents=True)
+            site.mkdir(parents=True)
+            # home: the interpreter's prefix as the emulated process sees it (qemu -L maps /usr into the sysroot)
+            (venv / "pyvenv.cfg").write_text(f"home = /usr/bin\ninclude-system-site-packages = false\nversion = {PYTHON_MINOR}\n")
+            platforms = [a for p in _PLATFORMS for a in ("--platform", p)]
+            _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", site, *platforms,
+                  "--python-version", PYTHON_MINOR, "--implementation", "cp", "--abi", "cp" + PYTHON_MINOR.replace(".", ""),
+                  "--only-binary=:all:", *wanted["wheels"]])
+            (venv / "cdc-env.json").write_text(json.dumps(wanted))
+        # Paths relative to the script: the environment still runs where a bind mount shows it elsewhere
+        # (a test running the engine as another uid, which cannot enter root's home).
+        _replace(python, "#!/bin/sh\n# aarch64 CPython (Debian's) under qemu user mode; built by scripts/emulated_aarch64.py\n"
+                 'top=$(cd "$(dirname "$0")/../.." && pwd)\n'
+                 f'exec {qemu()} -L "$top/{sysroot.name}" -0 "$0" "$top/{sysroot.name}/usr/bin/python{PYTHON_MINOR}" "$@"\n', 0o755)
+        _replace(site / "cdc-checkout.pth", f"{REPO}\n")  # this checkout's cute_diskcache, as an editable install would
+        return python
+
+
+def _replace(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write ``path`` only if it differs, by an atomic rename: another process may be running it."""
+    if path.is_file() and path.read_text() == text:
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    os.replace(tmp, path)
 
 
 def build_b12x(scratch: Path = DEFAULT_SCRATCH) -> dict[str, Path]:
     """b12x for each side (reused): machine -> a directory to put on that interpreter's ``PYTHONPATH``."""
-    out = {}
-    for machine in ("aarch64", "x86_64"):
-        target = scratch / f"b12x-{machine}"
-        stamp = scratch / f"b12x-{machine}.json"
-        if not _stamp(stamp, list(B12X_WHEELS)) or not (target / "b12x").is_dir():
-            shutil.rmtree(target, ignore_errors=True)
-            where = [a for p in _PLATFORMS for a in ("--platform", p)] + [
-                "--python-version", PYTHON_MINOR, "--implementation", "cp", "--abi", "cp" + PYTHON_MINOR.replace(".", "")]
-            _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", target, "--only-binary=:all:",
-                  *(where if machine == "aarch64" else []), *B12X_WHEELS])
-            stamp.write_text(json.dumps(list(B12X_WHEELS)))
-        out[machine] = target
+    with _building(scratch, "b12x"):
+        out = {}
+        for machine in ("aarch64", "x86_64"):
+            target = scratch / f"b12x-{machine}"
+            stamp = scratch / f"b12x-{machine}.json"
+            if not _stamp(stamp, list(B12X_WHEELS)) or not (target / "b12x").is_dir():
+                shutil.rmtree(target, ignore_errors=True)
+                where = [a for p in _PLATFORMS for a in ("--platform", p)] + [
+                    "--python-version", PYTHON_MINOR, "--implementation", "cp", "--abi", "cp" + PYTHON_MINOR.replace(".", "")]
+                _run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", target, "--only-binary=:all:",
+                      *(where if machine == "aarch64" else []), *B12X_WHEELS])
+                stamp.write_text(json.dumps(list(B12X_WHEELS)))
+            out[machine] = target
     return out
 
 

@@ -3,8 +3,15 @@
 Every integration test drives real flashinfer and the real CuTe DSL on the CPU, through the
 ``rtx-pro-6000`` target profile, in a fresh interpreter (``python -m cute_diskcache._probe``):
 a warm start is only a warm start in a process that knows nothing. A real compile costs seconds,
-so the session pays for one cold micro compile (:func:`warm_micro_root`) and tests that need a
+so the run pays for one cold micro compile (:func:`warm_micro_root`) and tests that need a
 populated cache copy that root into their own directory.
+
+The suite runs on two pytest-xdist workers (setup.cfg). Session fixtures run once per worker
+there, so the expensive ones build under a file lock in the run's shared directory
+(:func:`once_per_run`) and the second worker reads what the first built. Tests that measure
+time or need the whole machine are marked ``serial``: they share one xdist group and, while one
+runs, the other worker starts nothing (:func:`_machine_lock`). Modules with module-scoped
+fixtures stay on one worker, so a module's set-up is paid once.
 
 Real compiles are counted twice: by the package's own counters (what the probe prints) and,
 independently, by a ``sitecustomize`` that this file puts on the child's ``PYTHONPATH``. It
@@ -14,6 +21,8 @@ through, so "zero compiles" does not rest on the code under test counting itself
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -136,6 +145,111 @@ def pytest_configure(config: pytest.Config) -> None:
         "slow: compiles static/dynamic kernels for real (seconds each); CI still runs them, "
         "deselect with -m 'not slow' for a quick loop",
     )
+    config.addinivalue_line(
+        "markers",
+        "serial: measures wall time or needs the whole machine: one xdist group, and nothing else runs beside it",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Two workers (pytest-xdist, --dist loadgroup in setup.cfg)
+# --------------------------------------------------------------------------------------------
+
+#: The xdist group of the tests marked ``serial``.
+SERIAL_GROUP = "serial"
+
+
+def _module_scoped(item: pytest.Item) -> bool:
+    """Whether the test uses a fixture set up once per module or class (its module's set-up)."""
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(d.scope in ("module", "class", "package") for seq in defs for d in seq)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """One xdist group per test: ``serial`` ones together; a module with module-scoped set-up on one worker.
+
+    Under loadgroup every other test goes wherever a worker is free. xdist joins the names of
+    several ``xdist_group`` marks into a new group, so the group is set here, once, and
+    nowhere else (runs before xdist turns the mark into the node id's ``@group``).
+    """
+    for item in items:
+        if item.get_closest_marker("serial") is not None:
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
+        elif _module_scoped(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
+def _run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The directory every worker of this run shares (the session's basetemp without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _locked(path: Path, mode: int) -> int:
+    """An open descriptor of ``path`` holding ``flock(mode)``; closing it drops the lock."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[Any]:
+    """With two workers, a ``serial`` test runs alone: :func:`_machine_lock`."""
+    with _machine_lock(item):
+        return (yield)
+
+
+@contextlib.contextmanager
+def _machine_lock(item: pytest.Item) -> Iterator[None]:
+    """A readers-writer lock over the machine, held across each test's set-up, call and teardown.
+
+    Every test holds the run's machine lock shared; a ``serial`` test holds it exclusively, so
+    the other worker's test in flight finishes first and its next one waits. A test that times
+    its own work then measures its work, not the other worker's compiles. The turnstile keeps
+    a waiting serial test from being starved by the other worker's stream of short tests: the
+    writer holds it while it waits, and a reader passes through it before taking its share.
+    Without xdist there is no one to wait for.
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    run = _run_dir(item.config._tmp_path_factory)  # type: ignore[attr-defined]
+    turnstile, machine = run / "machine.turnstile", run / "machine.lock"
+    serial = item.get_closest_marker("serial") is not None
+    gate = _locked(turnstile, fcntl.LOCK_EX)
+    try:
+        held = _locked(machine, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
+    finally:
+        os.close(gate)
+    try:
+        yield
+    finally:
+        os.close(held)
+
+
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Any]) -> tuple[Path, Any]:
+    """``build(directory)`` once per test run, whatever the number of workers; its JSON result.
+
+    Session fixtures run once per xdist worker: the first worker to get here builds, under a
+    file lock in the run's shared directory; the other waits and reads the result. A build that
+    raises leaves nothing marked done, so the next caller tries again (and fails the same way).
+    """
+    from filelock import FileLock
+
+    shared = _run_dir(tmp_path_factory) / f"once-{name}"
+    done = shared / "once-done.json"
+    with FileLock(f"{shared}.lock"):
+        if not done.is_file():
+            shutil.rmtree(shared, ignore_errors=True)
+            shared.mkdir(parents=True)
+            done.write_text(json.dumps(build(shared)))
+    return shared, json.loads(done.read_text())
 
 
 class Warm(NamedTuple):
@@ -215,16 +329,16 @@ def probe(compile_hook_dir: Path) -> ProbeFn:
 
 @pytest.fixture(scope="session")
 def warm_micro_root(tmp_path_factory: pytest.TempPathFactory, probe: ProbeFn) -> Warm:
-    """One real cold micro compile (m=1) for the whole session. Never modify it: copy it."""
-    root = tmp_path_factory.mktemp("warm-micro") / "root"
-    return Warm(root, probe(root, 1))
+    """One real cold micro compile (m=1) for the whole run, both workers. Never modify it: copy it."""
+    shared, cold = once_per_run(tmp_path_factory, "warm-micro", lambda d: probe(d / "root", 1))
+    return Warm(shared / "root", cold)
 
 
 @pytest.fixture(scope="session")
 def warm_large_root(tmp_path_factory: pytest.TempPathFactory, probe: ProbeFn) -> Warm:
-    """One cold probe compiling a static (m=16) and the dynamic (m=128) kernel. Copy, don't modify."""
-    root = tmp_path_factory.mktemp("warm-large") / "root"
-    return Warm(root, probe(root, 16, 128))
+    """One cold probe compiling a static (m=16) and the dynamic (m=128) kernel, once per run. Copy, don't modify."""
+    shared, cold = once_per_run(tmp_path_factory, "warm-large", lambda d: probe(d / "root", 16, 128))
+    return Warm(shared / "root", cold)
 
 
 @pytest.fixture

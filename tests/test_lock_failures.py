@@ -98,6 +98,7 @@ def _files(path: Path) -> list[Path]:
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("err", [errno.ENOLCK, errno.EOPNOTSUPP], ids=["ENOLCK-nfsv3-no-lockd", "EOPNOTSUPP-fuse"])
 def test_no_flock_degrades_once_keeps_the_cap_and_never_waits(err: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               caplog: pytest.LogCaptureFixture) -> None:
@@ -149,6 +150,7 @@ def test_no_flock_walks_once_per_tenth_of_the_cap_not_per_commit(tmp_path: Path,
     assert 2 <= len(walks) <= 6, walks
 
 
+@pytest.mark.serial
 def test_no_flock_lock_is_no_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """ENOLCK is not contention: filelock 3.x polled it for the whole timeout (300 s by default)."""
     _flock_fails(monkeypatch, errno.ENOLCK)
@@ -282,6 +284,7 @@ def _within(seconds: float, fn: Callable[[], Any]) -> float:
     return time.monotonic() - t0
 
 
+@pytest.mark.serial
 def test_counter_held_by_another_process_never_stalls_commits(counter_held: tuple[Store, subprocess.Popen[str]],
                                                               caplog: pytest.LogCaptureFixture) -> None:
     """Measured on 58211c8: Store.commit hung (flock LOCK_EX with no timeout); maintain() too."""
@@ -329,6 +332,7 @@ def test_link_planted_at_the_lock_path_never_touches_its_target(tmp_path: Path) 
     assert outcome == "unavailable", "a lock was taken through a link"
 
 
+@pytest.mark.serial
 def test_fifo_planted_at_the_lock_path_is_not_waited_on(tmp_path: Path) -> None:
     path = locking.lock_path(tmp_path, DIGEST)
     path.parent.mkdir(parents=True)
@@ -376,6 +380,7 @@ _FORKING_HOLDER = textwrap.dedent(
 )
 
 
+@pytest.mark.serial
 def test_lock_held_across_fork_is_free_once_its_holder_is_killed(tmp_path: Path) -> None:
     """Measured with filelock 4.3.2 on 58211c8: the forked child kept the lock (next process: timeout)."""
     holder = subprocess.Popen([sys.executable, "-c", _FORKING_HOLDER, str(tmp_path), DIGEST], stdout=subprocess.PIPE, text=True)

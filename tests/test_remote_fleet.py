@@ -150,6 +150,7 @@ def test_without_lease_every_node_compiles(redis_db: Any, redis_url: str, tmp_pa
     assert compiles == 3 and all(r["kernel"] == "compiled" and r["leases"] == 0 for r in reports), reports
 
 
+@pytest.mark.serial
 def test_killed_holder_is_replaced_within_the_ttl(redis_db: Any, redis_url: str, tmp_path: Path) -> None:
     ttl = 2.0
     procs, count, _ = _start_nodes(tmp_path, redis_url, 2, compile_s=30.0, ttl=ttl)
@@ -282,6 +283,7 @@ _FORK = textwrap.dedent(
 )
 
 
+@pytest.mark.serial
 def test_fork_during_remote_startup(redis_db: Any, redis_url: str, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", _FORK, TESTS, redis_url, str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -398,6 +400,7 @@ def test_damaged_hit_value_falls_back_to_the_whole_entry(redis_db: Any, redis_ur
     assert other.fetch(key, Store(tmp_path / "c", hmac_key=b"another-fleet")) is None, "another key's node loads neither"
 
 
+@pytest.mark.serial
 def test_holder_whose_compile_fails_lets_a_waiter_compile_at_once(redis_db: Any, redis_url: str, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The lease is released whatever the compile does: a waiter does not sit out the TTL."""
@@ -456,6 +459,7 @@ def _synthetic(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(CompileCache, "_load", lambda self, key, found: "loaded")
 
 
+@pytest.mark.serial
 def test_lease_taken_then_a_failed_check_is_still_released(redis_db: Any, redis_url: str, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Finding 2: the lease is taken, the ``exists`` right after it times out once. The node
@@ -589,6 +593,7 @@ def test_s3_renewal_defeats_a_takeover_read_before_it(s3_env: Any) -> None:
     backend.lease_release(name, "holder")
 
 
+@pytest.mark.serial
 def test_one_bound_for_the_local_lock_and_the_fleet_lease(redis_db: Any, redis_url: str, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Finding 7: CUTE_DISKCACHE_LOCK_TIMEOUT bounds a miss's whole wait. Another node holds the

@@ -56,24 +56,30 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.fail(f"redis-server is not installed (.ci/run installs it: apt-get install redis-server); {OPT_OUT}=1 skips these tests on purpose")
     import redis
 
-    port = free_port()
     workdir = tmp_path_factory.mktemp("redis")
     log = open(workdir / "redis.log", "wb")
-    proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    client = redis.Redis(port=port, socket_timeout=1)
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            client.ping()
+    # free_port() frees the port before redis binds it: with two xdist workers another
+    # worker's server can take it in between. Ours answers with its own pid, else try again.
+    for _attempt in range(5):
+        port = free_port()
+        proc = subprocess.Popen(
+            [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        client = redis.Redis(port=port, socket_timeout=1)
+        deadline = time.monotonic() + 15
+        answered = None
+        while answered is None and proc.poll() is None and time.monotonic() < deadline:
+            try:
+                answered = int(client.info("server")["process_id"])
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        if answered == proc.pid and proc.poll() is None:
             break
-        except redis.ConnectionError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail(f"redis-server did not start: {(workdir / 'redis.log').read_text()[-2000:]}")
-            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+    else:
+        pytest.fail(f"redis-server did not start: {(workdir / 'redis.log').read_text()[-2000:]}")
     try:
         yield f"redis://127.0.0.1:{port}/0"
     finally:
@@ -174,6 +180,7 @@ def test_second_node_compiles_nothing(probe: ProbeFn, redis_db: Any, redis_url: 
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_dead_remote_costs_a_refused_connect(probe: ProbeFn, tmp_path: Path) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
@@ -189,6 +196,7 @@ def test_dead_remote_costs_a_refused_connect(probe: ProbeFn, tmp_path: Path) -> 
     assert c["remote_seconds"] < TIMEOUT_S
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_hung_remote_adds_at_most_the_timeout(probe: ProbeFn, hung: HungServer, tmp_path: Path) -> None:
     t0 = time.perf_counter()

@@ -93,6 +93,7 @@ def test_second_node_compiles_nothing_through_s3(probe: ProbeFn, s3: tuple[str, 
     assert c["real_compiles"] == 1 and c["counters"]["remote_hits"] == 0 and c["counters"]["remote_errors"] == 1
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_dead_s3_endpoint_costs_little(probe: ProbeFn, tmp_path: Path) -> None:
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
@@ -104,6 +105,7 @@ def test_dead_s3_endpoint_costs_little(probe: ProbeFn, tmp_path: Path) -> None:
     assert c["remote_seconds"] <= TIMEOUT_S + 0.3
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_hung_s3_endpoint_adds_at_most_the_timeout(probe: ProbeFn, tmp_path: Path) -> None:
     hung = HungServer()

@@ -135,6 +135,7 @@ def _assert_same_kernel(report: dict[str, Any], cold: dict[str, Any]) -> None:
     assert report["records"][0]["launch_error"] == cold["records"][0]["launch_error"]
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_sixteen_cold_processes_compile_once(compile_hook_dir: Path, warm_micro_root: Warm, tmp_path: Path) -> None:
     root = tmp_path / "root"
@@ -155,6 +156,7 @@ def test_sixteen_cold_processes_compile_once(compile_hook_dir: Path, warm_micro_
     print(f"\n16 processes: wall {wall:.1f} s, {len(waits)} waited (max {max(waits, default=0):.1f} s)")
 
 
+@pytest.mark.serial
 def test_single_flight_off_ignores_the_lock(compile_hook_dir: Path, warm_micro_root: Warm, held_lock: tuple[Path, Any]) -> None:
     """With the key's lock held all along, engines still finish: they never asked for it."""
     root, lock = held_lock
@@ -203,6 +205,7 @@ def test_holder_killed_while_holding_does_not_wedge_waiters(
     print(f"\nwaiters done {after_kill:.1f} s after the holder was killed")
 
 
+@pytest.mark.serial
 def test_lock_timeout_warns_once_and_compiles(compile_hook_dir: Path, warm_micro_root: Warm, held_lock: tuple[Path, Any]) -> None:
     root, lock = held_lock
     [report] = _run_all([_spawn(compile_hook_dir, root, 1, extra_env={"CUTE_DISKCACHE_LOCK_TIMEOUT": "2"})])
@@ -300,6 +303,7 @@ def test_threads_of_one_process_are_serialised(tmp_path: Path) -> None:
     assert order == ["a:acquired:in", "a:out", "b:waited:in", "b:out"]
 
 
+@pytest.mark.serial
 def test_timeout_warns_once_and_gives_up_the_wait(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = locking.lock_path(tmp_path, DIGEST)
     path.parent.mkdir(parents=True)
@@ -350,6 +354,7 @@ def _holder(root: Path, digest: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
 
 
+@pytest.mark.serial
 def test_lock_of_a_killed_holder_is_free_at_once(tmp_path: Path) -> None:
     holder = _holder(tmp_path, DIGEST)
     try:

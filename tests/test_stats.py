@@ -68,6 +68,7 @@ def test_damaged_file_counts_as_nothing(tmp_path: Path) -> None:
     assert agg["ns-a"]["hits"] == 3 and "rm -rf" not in agg["ns-a"]
 
 
+@pytest.mark.serial
 def test_hit_path_recording_is_cheap(tmp_path: Path) -> None:
     """Issue 4 target: < 0.2 ms per hit for statistics. Measured here as a bound, printed."""
     stats.reset_for_tests()
