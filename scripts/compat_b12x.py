@@ -337,7 +337,8 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def markdown(results: list[dict[str, Any]], info: dict[str, Any] | None) -> list[str]:
-    """compat/README.md's b12x section (``compat_matrix.write_markdown`` appends it)."""
+    """compat/README.md's b12x section (``main`` hands it to ``compat_matrix.write_markdown``, which keeps it
+    when compat_matrix.py rewrites the file)."""
     if not results:
         return []
     counts = {s: sum(r["status"] == s for r in results) for s in ("proven", "refused", "failed")}
@@ -391,8 +392,11 @@ def main(argv: list[str] | None = None) -> int:
                             "minutes": round((time.perf_counter() - t0) / 60), "machine": cm.machine(),
                             "code": cm.code_version(args.code)}
             run_json.write_text(json.dumps(info, indent=1) + "\n")
-    cm.write_markdown(cm.load_results(args.results), args.results / "README.md", None)
     results = load_results(out_dir)
+    run_json = args.results / "run.json"
+    info = json.loads(run_json.read_text()) if run_json.is_file() else {}
+    cm.write_markdown(cm.load_results(args.results), args.results / "README.md", None,
+                      b12x_section=markdown(results, info.get("b12x")))
     print(table(results))
     return 1 if any(r["status"] == "failed" for r in results) else 0
 

@@ -298,10 +298,12 @@ def test_verify_device_loads_objects(root: Path, three: dict[str, Path], capsys:
 
 
 def test_arch_matching() -> None:
-    assert cli.arch_runs_on("sm_120a", (12, 0)) and not cli.arch_runs_on("sm_120a", (12, 1))
-    assert cli.arch_runs_on("sm_120f", (12, 1)) and not cli.arch_runs_on("sm_121f", (12, 0))
-    assert cli.arch_runs_on("sm_90a", (9, 0)) and not cli.arch_runs_on("sm_90a", (12, 0))
-    assert not cli.arch_runs_on("bogus", (9, 0))
+    from cute_diskcache.keys.arch import arch_runs_on
+
+    assert arch_runs_on("sm_120a", (12, 0)) and not arch_runs_on("sm_120a", (12, 1))
+    assert arch_runs_on("sm_120f", (12, 1)) and not arch_runs_on("sm_121f", (12, 0))
+    assert arch_runs_on("sm_90a", (9, 0)) and not arch_runs_on("sm_90a", (12, 0))
+    assert not arch_runs_on("bogus", (9, 0))
 
 
 # --------------------------------------------------------------------------------------------

@@ -151,3 +151,50 @@ def test_each_layer_imports_only_the_layers_below() -> None:
             elif mine in LAYERS and theirs != mine and theirs not in FOUNDATIONS | LAYERS[mine]:
                 wrong.append((me, dep))
     assert not wrong, wrong
+
+
+#: Imports that reach a device or the DSL: device access lives in keys/ (``gpu``, ``devicefacts``)
+#: and core/, never on the operator's side, which only asks those layers.
+_DEVICE_MODULES = ("cuda", "cutlass")
+#: Key policy the operator's side once held: each name must be defined in keys/ and nowhere else.
+KEY_POLICY = {"arch_runs_on"}
+
+
+def test_the_operator_side_holds_no_key_policy_and_no_driver_access() -> None:
+    """cli/ is the operator's side with no policy of its own: the rule for which arch runs on which
+    capability (``verify --device``'s) is key policy, and the CUDA driver wrapper is device access;
+    both once lived in cli/gpu.py."""
+    wrong = []
+    defined_in: dict[str, list[str]] = {}
+    for rel, tree in _sources().items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in KEY_POLICY:
+                defined_in.setdefault(node.name, []).append(rel)
+            if not rel.startswith("cli/"):
+                continue
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            wrong += [(rel, n) for n in names if n.split(".")[0] in _DEVICE_MODULES]
+    assert not wrong, f"cli/ imports the driver or the DSL itself: {wrong}"
+    for name in KEY_POLICY:
+        assert [rel.split("/")[0] for rel in defined_in.get(name, [])] == ["keys"], (name, defined_in.get(name))
+
+
+SCRIPTS = PKG.parent / "scripts"
+
+
+def test_no_two_scripts_import_each_other() -> None:
+    """What two scripts share lives in one module both import (compat_matrix.py and compat_b12x.py
+    once imported each other, one of them lazily inside a function)."""
+    mine = {p.stem for p in SCRIPTS.glob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for p in SCRIPTS.glob("*.py"):
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.Import):
+                deps.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                deps.add(node.module.split(".")[0])
+        graph[p.stem] = (deps & mine) - {p.stem}
+    both = sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps if a in graph.get(b, set())})
+    assert not both, both

@@ -32,13 +32,12 @@ import sys
 from typing import Callable
 
 from . import inventory
-from .gpu import arch_runs_on
 from ..storage.layout import ROOT_DIRS
 from . import about, check, cleanup, entries, statistics, transfer, warm
 from .common import CliError, global_options, parse_duration
 from .output import print_json_error
 
-__all__ = ["CliError", "ROOT_DIRS", "arch_runs_on", "build_parser", "main", "parse_duration"]
+__all__ = ["CliError", "ROOT_DIRS", "build_parser", "main", "parse_duration"]
 
 
 def version_text() -> str:

@@ -110,7 +110,7 @@ def host_arch() -> tuple[str | None, str]:
         except Exception:  # an unknown profile: the serving process ignores it too
             pass
     try:
-        from .gpu import Gpu
+        from ..keys.gpu import Gpu
 
         gpu = Gpu.find()
     except Exception:

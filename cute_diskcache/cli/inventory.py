@@ -14,7 +14,8 @@ from typing import Any, Sequence
 
 from .. import config
 from ..storage import entry, eviction, ingest, layout, stats
-from .gpu import Gpu, arch_runs_on
+from ..keys.arch import arch_runs_on
+from ..keys.gpu import Gpu
 from ..storage.store import Store
 
 _HEX = frozenset("0123456789abcdef")
