@@ -285,3 +285,25 @@ def test_a_fleet_of_two_cpu_classes_compiles_once(probe: Any, redis_db: Any, red
     second = probe(tmp_path / "node-old" / "root", 1, prefix=older, extra_env=node_env(redis_url))
     assert second["real_compiles"] == 0, second["cache_log"]
     assert second["counters"]["hits"] == 1 and second["counters"]["remote_hits"] == 1, second["counters"]
+
+
+def test_a_reused_entry_keeps_the_host_code_record_of_its_source(tmp_path: Path) -> None:
+    """A kernel linked from another release's entry after an upgrade is the same object: its
+    manifest names the same baseline and extensions (synthetic entries, no compile)."""
+    import dataclasses
+
+    from _helpers import make_artifact, make_key
+    from cute_diskcache.storage import reuse
+    from cute_diskcache.storage.store import Store
+    from test_review_reuse import ACT, CTX, NEW, OLD, ask, engine
+
+    v2 = hostcpu.BASELINES["x86-64-v2"]
+    store = Store(tmp_path / "root")
+    old = make_key("micro", env=OLD)
+    assert store.commit(old, dataclasses.replace(make_artifact(), host_cpu=v2.name, host_isa=v2.extensions)) is not None
+    assert reuse.write_record(store, old, reuse.stage_two_key(make_key("micro", env=NEW), ACT, CTX))
+    assert ask(engine(tmp_path / "root"), "micro", ACT) == ("loaded", old.digest)
+    (linked,) = [p.parent for p in (tmp_path / "root").glob("v1/*/*/*/manifest.msgpack") if p.parent.name != old.digest]
+    manifest = entry.read_manifest(linked)
+    assert manifest["reused_from"]["digest"] == old.digest
+    assert (manifest["host_cpu"], manifest["host_isa"]) == ("x86-64-v2", list(v2.extensions))
