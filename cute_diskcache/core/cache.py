@@ -163,7 +163,8 @@ class CompileCache:
         """Do the once-per-process work now, at attach (engine start), not in the first request.
 
         The root's trust check, this process's statistics file (so a hit never waits on the
-        disk), the host CPU's extensions, the DSL stack, and ``dlopen`` of the DSL runtime. The
+        disk), the host CPU's extensions, the DSL stack, ``dlopen`` of the DSL runtime, and the
+        DSL's modules that define the classes a hit hands back (:func:`.as_compiled.preload`). The
         target arch is NOT resolved here: without ``CUTE_DSL_ARCH`` that asks the CUDA driver,
         and initialising CUDA in a process that forks workers later breaks CUDA in them.
         Returns the seconds it took; never raises.
@@ -179,6 +180,7 @@ class CompileCache:
             hostcpu.isa_extensions()
             dsl_stack()
             loader.preload()
+            as_compiled.preload()
         except Exception as exc:  # only an optimisation: the first lookup does it again
             log.debug("warm-up skipped: %s", exc)
         self._announce()
