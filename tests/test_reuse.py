@@ -291,3 +291,48 @@ def test_07x_next_engine_hits_the_first_stage(upgraded_07: dict[str, Any]) -> No
     again = upgraded_07["again"]
     assert _outcomes(again, DENSE_SITE) == ["hit"] * 8 and _outcomes(again, W4A16_SITE) == ["hit"] * 4
     assert again["counters"]["compiles"] == 0 and again["counters"].get("reused", 0) == 0 and again["counters"].get("traces", 0) == 0
+
+
+#: A fresh process asking for W4A16 kernels that counts how often the DSL traced one (every entry
+#: into ``CompileCallable._compile``: a trace that stops raises, a compile returns).
+TRACES_CHILD = '''
+import json, sys
+import cute_diskcache
+cute_diskcache.install(target="rtx-pro-6000")
+sys.path.insert(0, sys.argv[1])
+import compat_child
+from cutlass.base_dsl.compiler import CompileCallable
+from cute_diskcache.core.cache import default_cache
+
+entered = {"n": 0, "depth": 0}
+real = CompileCallable._compile
+
+def counted(self, *a, **k):
+    entered["depth"] += 1
+    entered["n"] += entered["depth"] == 1
+    try:
+        return real(self, *a, **k)
+    finally:
+        entered["depth"] -= 1
+
+CompileCallable._compile = counted
+for name in sys.argv[2:]:
+    compat_child._w4a16_compile(name)
+print(json.dumps({"dsl_traces": entered["n"], "counters": default_cache().counters.as_dict(),
+                  "events": [e[2] for e in default_cache().events]}))
+'''
+
+
+def test_a_kernel_traced_for_the_second_stage_and_not_found_is_lowered_from_that_trace(
+        tmp_path: Path, new_python: str) -> None:
+    """An upgrade never costs more than an empty cache: a kernel the other release never compiled is
+    traced once for its second-stage key and lowered from that same trace (a separate compile traced
+    it again: 0.7.2.post1 -> 0.7.4 took 1.11x the empty start)."""
+    root = tmp_path / "root"
+    _run(sys.executable, root, str(DRIVER), "w4a16_activation")  # the old release's records: a lookup is possible
+    records = lambda: sorted(p.name for p in (root / "reuse").rglob("*") if p.is_file() and p.parent.name != "from")  # noqa: E731
+    before = records()
+    new, _ = _run(new_python, root, "-c", TRACES_CHILD, str(REPO / "scripts"), "w4a16_topk_sum")
+    assert new["events"] == ["miss"] and new["counters"]["compiles"] == 1 and new["counters"]["traces"] == 1, new
+    assert new["dsl_traces"] == 1, f"the DSL traced the kernel {new['dsl_traces']} times for one compile"
+    assert len(records()) == len(before) + 1  # what it lowered is recorded for the next release

@@ -318,10 +318,69 @@ class CompileCache:
                           reuse_fn: Callable[[], reuse.Plan | None] | None) -> tuple[Any, dict[str, Any]]:
         """A first-stage miss: another release's entry with the same traced IR, else the compile."""
         plan = self._plan(reuse_fn)
+        if plan is not None and plan.lower is not None and self._reuse_possible(key):
+            return self._trace_then_lower(key, plan, compile_fn, extra_fn, extra_ok)
         if plan is not None:
             hit = self._try_reuse(key, plan, extra_ok)
             if hit is not None:
                 return hit
+        return self._compile_and_commit(key, compile_fn, extra_fn, plan)
+
+    def _reuse_possible(self, key: CacheKey) -> bool:
+        """Whether a second-stage lookup could find anything: the root can take the new entry
+        and a record of another release of this DSL stack exists (here, in a layer, the fleet)."""
+        if not self.store.probe_writable():
+            return False
+        try:
+            return reuse.possible(self.store, key.env) or (self.remote is not None and self.remote.reuse_possible(key.env))
+        except Exception as exc:
+            log.debug("second-stage lookup skipped: %s: %s", type(exc).__name__, exc)
+            return False
+
+    def _trace_then_lower(self, key: CacheKey, plan: reuse.Plan, compile_fn: Callable[[], Any],
+                          extra_fn: Callable[[Any], dict[str, Any]] | None,
+                          extra_ok: Callable[[dict[str, Any]], bool] | None) -> tuple[Any, dict[str, Any]]:
+        """The second stage and the compile in one trace: the kernel is traced, its traced IR looked
+        up, and the DSL lowers that same module when nothing is found (an upgrade whose kernels
+        changed cost a trace and then a compile that traced again: more than an empty cache).
+        A linked entry is loaded exactly as a hit after the DSL has stopped."""
+        assert plan.lower is not None
+        lower = plan.lower
+        found: list[tuple[dict[str, Any], str, float, int]] = []
+
+        def decide(traced: trace.Traced) -> bool:
+            with self._lock:
+                self.counters.traces += 1
+                self.counters.trace_seconds += traced.seconds
+            stats.record(key.env.namespace, "traces")
+            stats.record(key.env.namespace, "trace_seconds", traced.seconds)
+            k2 = reuse.stage_two_key(key, traced, plan.context)
+            before = layout.entry_bytes(self.store.entry_dir(key))
+            manifest = self._link_first(key, k2)
+            if manifest is not None:
+                found.append((manifest, k2, traced.seconds, before))
+                return True
+            log.debug("%s %s: no usable entry of another release has its traced IR (traced in %.2f s); lowering that trace",
+                      key.site, key.digest[:12], traced.seconds)
+            if log.isEnabledFor(self.miss_level):
+                log.log(self.miss_level, "compiling %s", report.describe_kernel(key, self._why(key)))
+            return False
+
+        def compile_once() -> Any:
+            kernel = lower(decide)
+            if kernel is trace.STOPPED:
+                raise _Linked()
+            return kernel
+
+        t0 = time.perf_counter()
+        try:
+            return self._compile_and_commit(key, compile_once, extra_fn, plan, announce=False)
+        except _Linked:  # the DSL stopped at the trace: load the linked entry outside its compile
+            manifest, k2, traced_s, before = found[-1]
+            hit = self._served_from_link(key, manifest, k2, traced_s, before, t0, extra_ok)
+            if hit is not None:
+                return hit
+        # linked, but not for this process after all (host CPU, side data...): the compile rewrites it
         return self._compile_and_commit(key, compile_fn, extra_fn, plan)
 
     def _try_reuse(self, key: CacheKey, plan: reuse.Plan | None,
@@ -364,6 +423,13 @@ class CompileCache:
             log.debug("%s %s: no usable entry of another release has its traced IR (traced in %.2f s)", key.site, key.digest[:12],
                       traced_s)
             return None
+        return self._served_from_link(key, manifest, k2, traced_s, before, t0, extra_ok)
+
+    def _served_from_link(self, key: CacheKey, manifest: dict[str, Any], k2: str, traced_s: float, before: int, t0: float,
+                          extra_ok: Callable[[dict[str, Any]], bool] | None) -> tuple[Any, dict[str, Any]] | None:
+        """An entry just linked under ``key`` from ``k2``'s record, loaded exactly as a hit (None
+        when it does not serve this process after all)."""
+        dest = self.store.entry_dir(key)
         try:  # what the link added: its manifest, and payloads it had to copy (a hard link adds no disk)
             eviction.note_commit(self.store.root, layout.entry_bytes(dest) - before, entry_dir=dest, shared=self.store.bookkeeping_shared)
         except OSError as exc:
@@ -449,17 +515,23 @@ class CompileCache:
         compile_fn: Callable[[], Any],
         extra_fn: Callable[[Any], dict[str, Any]] | None,
         plan: reuse.Plan | None = None,
+        announce: bool = True,
     ) -> tuple[Any, dict[str, Any]]:
+        """Compile, count and persist; ``announce=False`` where ``compile_fn`` says "compiling"
+        itself, once it knows (:meth:`_trace_then_lower`: after the lookup, or not at all when an
+        entry was linked instead: then :class:`_Linked` passes through, counted as nothing)."""
         # Ask the root once, before the compile: a read-only root warns now, and the root is
         # created with a private mode before the statistics write into it.
         self.store.probe_writable()
-        if log.isEnabledFor(self.miss_level):
+        if announce and log.isEnabledFor(self.miss_level):
             log.log(self.miss_level, "compiling %s", report.describe_kernel(key, self._why(key)))
         t0 = time.perf_counter()
         ns = key.env.namespace
         try:
             with devicefacts.recording() as device, export.capturing() as objects, trace.recording() as lowered:
                 kernel = compile_fn()
+        except _Linked:  # not a compile: the caller loads what was linked
+            raise
         except BaseException as exc:
             # The compile failed, or whatever it goes through refused it (vLLM's JIT monitor in
             # `error` mode): a miss with nothing compiled, and the caller gets the exception. The
@@ -547,6 +619,11 @@ class CompileCache:
 
 _default: CompileCache | None = None
 _default_lock = threading.Lock()
+
+
+class _Linked(Exception):
+    """Raised out of a compile that stopped at its trace because another release's entry with the
+    same traced IR was linked under the key: the caller loads it (never reaches a caller's caller)."""
 
 
 def default_cache() -> CompileCache:

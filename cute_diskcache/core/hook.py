@@ -313,7 +313,13 @@ def _plan(call: Call) -> Plan | None:
     context = signature_context(call.args[0])
     if context is None:
         return None
-    return Plan(trace=functools.partial(trace.traced_ir, call.locals["compile"], *call.args, **call.kwargs), context=context)
+    real = call.locals["compile"]
+    # Without a wrapper in front, the compile itself is the DSL's own call: a lookup that finds
+    # nothing lowers from its trace (one trace, not two). With one (vLLM's JIT monitor), the
+    # compile must go through it, so the lookup traces on its own as before.
+    lower = None if front.wrapped() else (
+        lambda decide: trace.trace_then_lower(real, *call.args, decide=decide, **call.kwargs))
+    return Plan(trace=functools.partial(trace.traced_ir, real, *call.args, **call.kwargs), context=context, lower=lower)
 
 
 def _compile_recording(real: Any, options: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

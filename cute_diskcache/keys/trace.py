@@ -39,7 +39,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 log = logging.getLogger("cute_diskcache")
 
@@ -209,6 +209,54 @@ def traced_ir(compile_callable: Any, *args: Any, keep_text: bool = False, **kwar
     raise TraceUnavailable("the DSL compiled without running trace_finalize_hooks")
 
 
+#: What :func:`trace_then_lower` returns when ``decide`` stopped the compile before lowering.
+STOPPED: Any = type("Stopped", (), {"__repr__": lambda self: "STOPPED", "__slots__": ()})()
+
+
+def trace_then_lower(compile_callable: Any, *args: Any, decide: Callable[[Traced], bool], **kwargs: Any) -> Any:
+    """Trace what ``compile_callable(*args, **kwargs)`` compiles, ask ``decide`` with the digest,
+    and either stop before lowering (``decide`` returned True: :data:`STOPPED`) or let the DSL lower
+    that same module and return the compiled kernel.
+
+    One trace for a kernel looked up by its traced IR and not found: a lookup followed by a
+    separate compile traced twice, and an upgrade whose kernels changed cost more than an empty
+    cache. The digest of a module lowered this way is added to the active :func:`recording` (it is
+    what this compile lowered). ``decide`` runs inside the DSL's compile: an exception from it
+    counts as False (the compile goes on); its result is never lost to a bug of ours. Raises
+    :class:`TraceUnavailable` where the DSL cannot trace, and whatever the compile raises.
+    """
+    reason = unsupported()
+    if reason is not None:
+        raise TraceUnavailable(reason)
+    t0 = time.perf_counter()
+
+    def stop_or_lower(dsl: Any, module: Any, function_name: str) -> None:
+        try:
+            read = _read(dsl, module, function_name, False)
+        except Exception as exc:  # no digest: nothing to look up, and no record; the compile goes on
+            log.debug("no traced-IR digest for %s: %s: %s", function_name, type(exc).__name__, exc)
+            return
+        traced = Traced(seconds=time.perf_counter() - t0, **read)
+        try:
+            stop = bool(decide(traced))
+        except Exception as exc:  # a failed lookup must cost a compile, never the kernel
+            log.error("cute-diskcache second-stage lookup failed unexpectedly (%s: %s); compiling", type(exc).__name__, exc)
+            stop = False
+        if stop:
+            raise _Stop(read)
+        seen = _RECORDING.get()
+        if seen is not None:
+            seen.append(traced)
+
+    stop_or_lower.__qualname__ = "cute_diskcache.keys.trace.stop_or_lower"
+    try:
+        return compile_callable(*args, **_with_hook(kwargs, stop_or_lower))
+    except Exception as exc:
+        if _stop_in(exc) is None:
+            raise
+        return STOPPED
+
+
 def compile_traced(compile_callable: Any, *args: Any, **kwargs: Any) -> tuple[Any, Traced | None]:
     """Compile as ``compile_callable(*args, **kwargs)`` does, and read the digest of the module it
     lowered on the way (the compile's own trace: no second one). The digest is None where the DSL
@@ -290,4 +338,5 @@ def _stop_in(exc: BaseException) -> _Stop | None:
     return None
 
 
-__all__ = ["DIGEST_VERSION", "TraceUnavailable", "Traced", "compile_traced", "recorder", "recording", "traced_ir", "unsupported"]
+__all__ = ["DIGEST_VERSION", "STOPPED", "TraceUnavailable", "Traced", "compile_traced", "recorder", "recording", "trace_then_lower",
+           "traced_ir", "unsupported"]

@@ -78,6 +78,11 @@ class Plan:
 
     trace: Callable[[], "Traced"]
     context: str
+    #: ``lower(decide)``: the same compile, traced once (:func:`..keys.trace.trace_then_lower`): stopped
+    #: before lowering when ``decide(traced)`` finds the kernel, else lowered from that trace. None
+    #: where the compile must go through someone else's wrapper of ``cute.compile`` (a JIT monitor
+    #: must see it): there a lookup traces and a compile traces again.
+    lower: Callable[[Callable[["Traced"], bool]], Any] | None = None
 
 
 def scope(env: Environment) -> str:
