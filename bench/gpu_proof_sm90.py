@@ -305,9 +305,10 @@ class Problem:
 
 def time_kernel(launch: Callable[[], Any], reps: int = 10, inner: int = 20, warmup: int = 10) -> dict[str, Any]:
     """Median per-launch time over ``reps`` batches of ``inner`` back-to-back launches (CUDA events)."""
-    per, _host = gpu_batches(launch, reps, inner, warmup)
+    per, host = gpu_batches(launch, reps, inner, warmup)
     ms = statistics.median(per)
-    return {"kernel_ms": round(ms, 5), "kernel_ms_batches": [round(x, 5) for x in per], "tflops": round(2 * M * N * K / (ms * 1e-3) / 1e12, 1)}
+    return {"kernel_ms": round(ms, 5), "kernel_ms_batches": [round(x, 5) for x in per], "tflops": round(2 * M * N * K / (ms * 1e-3) / 1e12, 1),
+            "host_ms_per_launch": round(statistics.median(host), 5)}
 
 
 def repeat_hits(variant: str, n: int) -> dict[str, Any]:
