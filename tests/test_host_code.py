@@ -109,13 +109,13 @@ def _needs_namespaces() -> None:
 
 
 def tiny(root: Path, *, prefix: tuple[str, ...] | list[str] = (), host_cpu: str | None = None, build: bool = False,
-         on_miss: str = "error") -> dict[str, Any]:
+         on_miss: str = "error", dsl_abi: bool = False) -> dict[str, Any]:
     """One process of tests/host_code_child.py over ``root``: its JSON line."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CUTE_DISKCACHE_")}
     env.update(FLASHINFER_B12X_DISK_CACHE="1", CUTE_DISKCACHE_DIR=str(root), CUTE_DISKCACHE_ON_MISS="compile" if build else on_miss)
     if host_cpu is not None:
         env["CUTE_DISKCACHE_HOST_CPU"] = host_cpu
-    cmd = [*prefix, os.path.realpath(sys.executable), str(CHILD), *(["build"] if build else [])]
+    cmd = [*prefix, os.path.realpath(sys.executable), str(CHILD), *(["build"] if build else []), *(["--dsl-abi"] if dsl_abi else [])]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=root.parent)
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}\n{proc.stderr[-4000:]}"
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -174,6 +174,21 @@ def test_a_named_baseline_is_written_and_recorded(tmp_path: Path) -> None:
         assert manifest["host_isa"] == list(hostcpu.BASELINES["x86-64-v3"].extensions)
         assert beyond(image, "x86-64-v3") == {}, name
     assert any("AVX" in beyond(image, "x86-64-v2") for _m, _n, image in payloads)
+
+
+def test_a_compile_of_the_dsl_s_own_abi_hands_the_caller_the_baseline_code(tmp_path: Path) -> None:
+    """b12x compiles without tvm-ffi: the DSL runs its own natively tuned code in the compiling
+    process, so the entry gets the baseline's and the caller gets the entry as a hit loads it:
+    the compiling process and every later one run the same code (and it runs to the driver)."""
+    root = tmp_path / "root"
+    compiled = tiny(root, dsl_abi=True, on_miss="compile")
+    assert compiled["compiles"] == 1 and "cuda" in compiled.get("raised", "").lower(), compiled
+    for manifest, name, image in host_payloads(root):
+        assert manifest["tvm_ffi"] is False and manifest["host_cpu"] == "x86-64-v2"
+        assert beyond(image, "x86-64-v2") == {}, name
+    hit = tiny(root, dsl_abi=True)
+    assert hit["hits"] == 1 and hit["compiles"] == 0
+    assert (compiled["type"], compiled["engine"]) == (hit["type"], hit["engine"]), (compiled, hit)
 
 
 # --------------------------------------------------------------------------------------------
@@ -307,3 +322,35 @@ def test_a_reused_entry_keeps_the_host_code_record_of_its_source(tmp_path: Path)
     manifest = entry.read_manifest(linked)
     assert manifest["reused_from"]["digest"] == old.digest
     assert (manifest["host_cpu"], manifest["host_isa"]) == ("x86-64-v2", list(v2.extensions))
+
+
+@pytest.mark.parametrize("asked, rebuilt", [(None, True), ("native", True), ("x86-64-v2", False)],
+                         ids=["earlier-release", "asked-native", "dsl-wrote-native-anyway"])
+def test_what_a_prewarm_rebuilds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, asked: str | None, rebuilt: bool) -> None:
+    """A prewarm rebuilds an entry tuned beyond the baseline when its writer was asked for
+    something else (an earlier release recorded nothing); one whose writer was asked for the
+    baseline and could only write native code stays, or every prewarm would compile it again."""
+    import dataclasses
+
+    from _helpers import make_artifact, make_key, rewrite_manifest
+    from cute_diskcache.storage.store import Refusal, Store
+
+    monkeypatch.delenv("CUTE_DISKCACHE_HOST_CPU", raising=False)
+    tuned = ("avx", "avx2", "avx512f", "cx16", "popcnt", "sse", "sse2", "sse4_1", "sse4_2", "ssse3")
+    monkeypatch.setattr(hostcpu, "isa_extensions", lambda: tuned)  # the entry fits this CPU
+    hostcpu._missing.cache_clear()
+    store, key = Store(tmp_path / "root"), make_key("micro")
+    assert store.commit(key, dataclasses.replace(make_artifact(), host_cpu="native", host_isa=tuned)) is not None
+    manifest = entry.read_manifest(store.entry_dir(key))
+    if asked is None:
+        manifest.pop("host_cpu_asked")
+    else:
+        manifest["host_cpu_asked"] = asked
+    rewrite_manifest(store.entry_dir(key), manifest)
+    assert not isinstance(store.judge(key), Refusal), "serving: a tuned entry that fits this CPU is a hit"
+    store.rebuild_tuned_entries()
+    verdict = store.judge(key)
+    assert isinstance(verdict, Refusal) == rebuilt, verdict
+    if rebuilt:
+        assert verdict.error.reason == "tuned" and "avx512f" in verdict.error.detail
+    hostcpu._missing.cache_clear()

@@ -72,8 +72,10 @@ _PROVIDERS = ("cutlass.cutlass_dsl.cuda_jit_executor", "cutlass.cutlass_dsl.tvm_
 #: A CuTe-ABI kernel (no tvm-ffi) is loaded by the DSL's own loader, which sets these to say how
 #: it is launched from the loaded object: they stay the loader's.
 _LOADERS = frozenset({"load_from_binary", "prefix"})
-#: What a caller can see differ on such a kernel (the loader's engine is the DSL's binary engine,
-#: the compile's its JIT's): the one documented difference between a hit and a compile.
+#: What a caller can see differ between such a kernel loaded and one the DSL's JIT holds (the
+#: loader's engine is the DSL's binary engine). A compiling process is handed its entry as loaded
+#: (core/cache.py, host code written for a baseline), so a caller sees it only where no entry
+#: could be written or with CUTE_DISKCACHE_HOST_CPU=native.
 LOADER_FACTS = frozenset({*_LOADERS, "engine"})
 
 

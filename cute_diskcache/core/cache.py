@@ -40,6 +40,11 @@ _REUSED = ("reused", "reuse_seconds", "prewarm_reused")
 ON_MISS_CHOICES = ("compile", "warn", "error")
 
 
+def _kept(made: list[entry.Artifact], art: entry.Artifact) -> entry.Artifact:
+    made.append(art)
+    return art
+
+
 def on_miss_setting() -> str:
     """``CUTE_DISKCACHE_ON_MISS``; a value we do not know is ``compile``, with a warning."""
     raw = (config.text("on_miss") or "").lower()
@@ -561,10 +566,12 @@ class CompileCache:
             stats.record(ns, "compile_seconds", seconds)
         wrote = False
         t_persist = time.perf_counter()
+        made: list[entry.Artifact] = []
         if self.store.probe_writable():
             try:
                 manifest = self.store.persist(
-                    key, lambda work: export.export(kernel, key.digest, seconds, extra, device, workdir=work, captured=objects))
+                    key, lambda work: _kept(made, export.export(kernel, key.digest, seconds, extra, device, workdir=work,
+                                                                  captured=objects)))
                 wrote = manifest is not None
                 if manifest is not None:
                     stats.record(ns, "writes")
@@ -580,6 +587,8 @@ class CompileCache:
                     self.counters.writes += 1
                 # what this compile lowered: the next release's trace finds it
                 self._publish(key, reuse.stage_two_key(key, lowered[-1], plan.context) if plan is not None and lowered else None)
+        if wrote and made and not made[-1].in_process:
+            kernel, extra = self._as_written(key, kernel, extra)
         with self._lock:
             self.events.append((key.site, key.digest, "miss", seconds, time.perf_counter() - t_persist))
         log.debug(  # the WARNING before the compile said why; the exit summary adds up the seconds
@@ -589,6 +598,19 @@ class CompileCache:
             seconds,
             "" if wrote else " (not persisted)",
         )
+        return kernel, extra
+
+    def _as_written(self, key: CacheKey, kernel: Any, extra: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """The entry just written, loaded as a hit loads it: its host code is the baseline's, not
+        the natively tuned code the DSL runs in this process, and the caller must get what every
+        later hit gets. Uncounted (the compile was counted); the compiled kernel if it cannot be."""
+        try:
+            found = self.store.lookup_or_quarantine(key, load=True)
+            if found is not None:
+                return self._load(key, found), {**found[0]["extra"], HIT_FROM: as_compiled.Payloads(functools.partial(self.store.read_role, key))}
+        except Exception as exc:  # the kernel in hand still works: never lose it
+            log.debug("%s %s: the written entry did not load (%s: %s); handing over the compiled kernel", key.site,
+                      key.digest[:12], type(exc).__name__, exc)
         return kernel, extra
 
     def _publish(self, key: CacheKey, k2: str | None) -> None:

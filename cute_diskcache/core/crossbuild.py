@@ -138,7 +138,16 @@ def write_object(module: Any, machine: str, cpu: str, function: str | None = Non
     without one, the first ``__tvm_ffi_`` function is taken.
     """
     function = function or _entry_function(module)
-    with tempfile.TemporaryDirectory(prefix="cdc-host-") as tmp:
+    if hasattr(os, "memfd_create"):  # no file system at all: a read-only or full /tmp changes nothing
+        fd = os.memfd_create("cdc-host-object", getattr(os, "MFD_CLOEXEC", 0))
+        try:
+            _engine().dump_object_file_pic(module, f"/proc/self/fd/{fd}", function, opt_level=_OPT_LEVEL,
+                                           host_triple=TRIPLES[machine], host_cpu=cpu)
+            size = os.fstat(fd).st_size
+            return os.pread(fd, size, 0)
+        finally:
+            os.close(fd)
+    with tempfile.TemporaryDirectory(prefix="cdc-host-") as tmp:  # pragma: no cover - non-Linux
         path = os.path.join(tmp, "kernel.o")
         _engine().dump_object_file_pic(module, path, function, opt_level=_OPT_LEVEL, host_triple=TRIPLES[machine],
                                        host_cpu=cpu)
@@ -157,14 +166,17 @@ def _entry_function(module: Any) -> str:
 
 
 def _cutlass_call_object(compiled: Any, machine: str, symbol: str) -> bytes:
-    """The DSL's public cross-export: its ``host_target`` for the duration of one ``dump_to_object``."""
+    """The DSL's public cross-export: its ``host_target`` for the duration of one ``dump_to_object``
+    (the machine's preset for its generic CPU, else the long form naming the baseline's CPU)."""
     from cutlass.base_dsl.compiler import HostTarget
 
-    preset = _PRESETS.get(machine)
-    if preset is None:
+    cpu = hostcpu.host_code().llvm_cpu or ""
+    preset = _PRESETS.get(machine) if cpu in ("", "generic") else None
+    spec = preset or (f"llvm -mtriple={TRIPLES[machine]} -mcpu={cpu}" if cpu else None)
+    if spec is None:
         raise CrossBuildError(f"the DSL has no host-target preset for {machine}")
     saved = compiled.host_target
-    compiled.host_target = HostTarget(preset)
+    compiled.host_target = HostTarget(spec)
     try:
         return bytes(compiled.dump_to_object(symbol))
     finally:

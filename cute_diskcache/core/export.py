@@ -64,6 +64,8 @@ def export(
     symbol = symbol_for(digest)
     tvm_ffi = hasattr(compiled, "__tvm_ffi_object__") or "TVMFFI" in type(compiled).__name__
     host = hostcpu.native()  # what the DSL's own exporters write
+    code = hostcpu.host_code()
+    in_process = True
     if hostmachine.cross():
         from . import crossbuild
 
@@ -76,6 +78,16 @@ def export(
         symbol = str(compiled.function_name)
         host = getattr(obj, "host", host)
         obj = bytes(obj)
+    elif code.portable and _writes_baseline(code):
+        # The DSL's own ABI (b12x's kernels), or a tvm-ffi compile whose object was not captured:
+        # the process runs the DSL's natively tuned code, so the entry gets the baseline's and the
+        # cache hands the caller the entry as a hit loads it (Artifact.in_process False).
+        from . import crossbuild
+
+        obj = _with_usable_temp(lambda: crossbuild.host_object(compiled, code.machine, symbol), workdir)
+        host, in_process = code, False
+        if tvm_ffi:
+            symbol = str(compiled.function_name)
     else:
         def run() -> bytes:
             if not tvm_ffi:
@@ -97,8 +109,15 @@ def export(
         mlir_text=mlir_text, mlir_bytecode=mlir_bytecode,
         compile_seconds=compile_seconds, export_seconds=time.perf_counter() - t0,
         extra=dict(extra or {}), **({"device": dict(device)} if device else {}),
-        host_cpu=host.name, host_isa=host.extensions,
+        host_cpu=host.name, host_isa=host.extensions, in_process=in_process,
     )
+
+
+def _writes_baseline(code: hostcpu.HostCode) -> bool:
+    """Whether this DSL writes host objects for a named CPU (feature-tested once per process)."""
+    from . import crossbuild
+
+    return crossbuild.refusal(code.machine) is None
 
 
 def _bytecode(ir_module: Any) -> bytes | None:

@@ -94,6 +94,9 @@ class Artifact:
     # the extensions a loading CPU must have; None: the DSL's own export, tuned for this CPU
     host_cpu: str | None = None
     host_isa: tuple[str, ...] | None = None
+    # whether the compiling process runs these very bytes (else the cache hands it the entry as
+    # a hit loads it, so the caller and every later hit run the same code)
+    in_process: bool = True
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,6 +173,9 @@ def build_manifest(key: CacheKey, art: Artifact, payloads: dict[str, list[dict[s
         "host": socket.gethostname(),
         "writer": f"cute-diskcache {_version.__version__}",
         "host_cpu": art.host_cpu or hostcpu.NATIVE,
+        # what the writer was asked for: a prewarm rebuilds a tuned entry only when asked for
+        # something else than its writer was (a DSL that can only write native code stays so)
+        "host_cpu_asked": hostcpu.host_code().name,
         "host_isa": list(art.host_isa if art.host_isa is not None else hostcpu.native().extensions),
         "device": art.device,
         "extra": art.extra,

@@ -377,6 +377,10 @@ def link(store: "Store", key: CacheKey, source_store: "Store", source: Path) -> 
     for field in ("symbol", "tvm_ffi", "compile_seconds", "export_seconds", "host_isa", "device", "extra"):
         new[field] = manifest[field]
     new["host_cpu"] = manifest.get("host_cpu", "native")  # the same object: what it was written for
+    if "host_cpu_asked" in manifest:
+        new["host_cpu_asked"] = manifest["host_cpu_asked"]
+    else:
+        new.pop("host_cpu_asked", None)
     new["reused_from"] = {"namespace": manifest["namespace"], "digest": manifest["digest"],
                           "package": manifest["env"].get("package", ""), "site": manifest["site"]}
     entry.atomic_write(dest / entry.MANIFEST, entry.pack_manifest(new, hmac_key=store.hmac_key))

@@ -305,7 +305,7 @@ class Store:
             # A file where the entry's directory should be is as foreign as a bad manifest.
             corrupt = exc.reason in entry.CORRUPT or (exc.reason == "unreadable" and os.path.lexists(path) and not os.path.isdir(path))
             return Refusal(exc, path, corrupt, manifest)
-        if self.rebuild_tuned and (beyond := hostcpu.tuned_beyond(manifest.get("host_isa") or [])):
+        if self.rebuild_tuned and (beyond := _tuned_beyond_asked(manifest)):
             why = (f"its host code needs {', '.join(beyond[:6])}, beyond {hostcpu.host_code().name}; "
                    "rebuilt for every serving CPU")
             return Refusal(entry.EntryError("tuned", why), path, False, manifest)
@@ -578,6 +578,16 @@ def _role_to_load(manifest: dict[str, Any]) -> str:
         if loader.shared_supported():
             return "shared"
     return "object"
+
+
+def _tuned_beyond_asked(manifest: dict[str, Any]) -> list[str]:
+    """What an entry's host code needs beyond what this process writes, when its writer was asked
+    for something else (an earlier release's entry, or a ``native`` one): a prewarm rebuilds it.
+    An entry whose writer was asked for the same and could not do better (a DSL that writes
+    only native code) stays: rebuilding it would write the same again, at every prewarm."""
+    if manifest.get("host_cpu_asked") == hostcpu.host_code().name:
+        return []
+    return hostcpu.tuned_beyond(manifest.get("host_isa") or [])
 
 
 def _foreign_read_only(root: Path) -> int | None:
