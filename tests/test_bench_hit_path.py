@@ -38,7 +38,8 @@ def test_child_refuses_code_from_another_tree(tmp_path: Path) -> None:
 
 def _row(kernel: str, compile_s: float, first: float, later: float) -> dict:
     return {"kernel": kernel, "compile_s": compile_s, "first": {"so": [first, first * 3]},
-            "later": {"so": [later, later, later * 5]}, "first_call": {"so": [2 * first]},
+            "later": {"so": [later, later, later * 5]}, "first_served": {"so": [4 * first]}, "later_served": {"so": [4 * later]},
+            "first_call": {"so": [2 * first]},
             "later_call": {"so": [2 * later]}, "memo_call": {"so": [0.1]}}
 
 
@@ -50,3 +51,4 @@ def test_ratios_are_each_tree_over_the_first() -> None:
     r = bench._ratios(old, new, ["so"])
     assert r["micro"]["compile"] == 0.5 and r["micro"]["cache later .so"] == 2.0 and r["micro"]["cache first .so"] == 0.5
     assert r["static"]["call later .so"] == 0.5 and r["static"]["call first .so"] == 2.0 and r["static"]["call memo .so"] == 1.0
+    assert r["micro"]["served first .so"] == 0.5 and r["static"]["served later .so"] == 0.5

@@ -103,9 +103,13 @@ _WITHOUT_TAP = (
 
 
 @pytest.mark.slow
-def test_without_the_compile_time_object_export_to_c_is_used(warm_micro_root: Warm, compile_hook_dir: Path, tmp_path: Path) -> None:
-    """The compile-time object comes from a private DSL function; without it, the export path of
-    before (``export_to_c``, under our own symbol) gives an entry that hits with the same kernel."""
+@pytest.mark.parametrize("host_cpu", ["portable", "native"])
+def test_without_the_compile_time_object_the_entry_is_exported(warm_micro_root: Warm, compile_hook_dir: Path, tmp_path: Path,
+                                                               host_cpu: str) -> None:
+    """The compile-time object comes from a private DSL function; without it the entry is still
+    written, with the same device code: for the baseline (the module written for its CPU,
+    keeping the compile's function name), or with ``native`` the export path of before
+    (``export_to_c``, under our own symbol)."""
     import json
     import sys
 
@@ -113,13 +117,18 @@ def test_without_the_compile_time_object_export_to_c_is_used(warm_micro_root: Wa
 
     root = tmp_path / "root"
     cmd = [sys.executable, "-c", _WITHOUT_TAP, "--target", "rtx-pro-6000", "--m", "1"]
-    proc = subprocess.run(cmd, env=child_env(root, None, compile_hook_dir), capture_output=True, text=True, timeout=300, cwd=compile_hook_dir)
+    env = child_env(root, {"CUTE_DISKCACHE_HOST_CPU": host_cpu}, compile_hook_dir)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=compile_hook_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1])["counters"]["writes"] == 1
     _d, m = _entry(root)
-    assert m["symbol"] == export.symbol_for(m["digest"]) and m["payloads"]["shared"]
     _d2, tapped = _entry(warm_micro_root.root)
-    assert tapped["symbol"] != m["symbol"], "the tapped object keeps the compile's own function name"
+    assert m["payloads"]["shared"]
+    if host_cpu == "native":
+        assert m["symbol"] == export.symbol_for(m["digest"]) and m["host_cpu"] == "native"
+        assert tapped["symbol"] != m["symbol"], "the tapped object keeps the compile's own function name"
+    else:
+        assert m["symbol"] == tapped["symbol"] and m["host_cpu"] == "x86-64-v2"
     assert tapped["payloads"]["cubin"][0]["sha256"] == m["payloads"]["cubin"][0]["sha256"], "the same device code either way"
 
 

@@ -73,6 +73,9 @@ def refusal(machine: str) -> str | None:
     triple = TRIPLES.get(machine)
     if triple is None:
         return f"no LLVM triple known for {machine}"
+    limit = _file_size_limit()
+    if limit is not None and limit < _WRITE_BOUND:
+        return f"a file size limit of {limit} bytes is set (RLIMIT_FSIZE): LLVM would abort the process on a short write"
     try:
         from cutlass._mlir import ir
 
@@ -138,6 +141,11 @@ def write_object(module: Any, machine: str, cpu: str, function: str | None = Non
     without one, the first ``__tvm_ffi_`` function is taken.
     """
     function = function or _entry_function(module)
+    limit = _file_size_limit()
+    if limit is not None and limit < _WRITE_BOUND:
+        # LLVM aborts the whole process on a short write ("LLVM ERROR: IO failure on output
+        # stream: File too large"), and a memfd is a file: refuse here, where it is an exception
+        raise CrossBuildError(f"a file size limit of {limit} bytes is set (RLIMIT_FSIZE): LLVM would abort the process")
     if hasattr(os, "memfd_create"):  # no file system at all: a read-only or full /tmp changes nothing
         fd = os.memfd_create("cdc-host-object", getattr(os, "MFD_CLOEXEC", 0))
         try:
@@ -153,6 +161,21 @@ def write_object(module: Any, machine: str, cpu: str, function: str | None = Non
                                        host_cpu=cpu)
         with open(path, "rb") as fh:
             return fh.read()
+
+
+#: The largest file a host object could need, with room: a file size limit below it refuses.
+_WRITE_BOUND = 1 << 28
+
+
+def _file_size_limit() -> int | None:
+    """The process's RLIMIT_FSIZE soft limit in bytes, None when unlimited or unknown."""
+    try:
+        import resource
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else int(soft)
 
 
 def _entry_function(module: Any) -> str:
