@@ -102,6 +102,18 @@ def seeing(cpuinfo: Path) -> list[str]:
     return ["unshare", "-m", "sh", "-c", f'mount --bind "{cpuinfo}" /proc/cpuinfo && exec "$@"', "sh"]
 
 
+def avx512_views(tmp_path: Path) -> tuple[list[str], list[str]]:
+    """Prefixes for a build box that shows this CPU plus the AVX-512 family, and for a serving
+    host that shows this CPU without any AVX-512 (skips where that cannot be staged)."""
+    _needs_namespaces()
+    flags = re.search(r"(?m)^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text())
+    if flags is None:
+        pytest.skip("no flags line in /proc/cpuinfo")
+    plain = " ".join(f for f in flags.group(1).split() if not f.startswith("avx512"))
+    return (seeing(cpuinfo_with_flags(tmp_path / "cpuinfo-avx512", f"{plain} {' '.join(AVX512_FLAGS)}")),
+            seeing(cpuinfo_with_flags(tmp_path / "cpuinfo-plain", plain)))
+
+
 def _needs_namespaces() -> None:
     why = can_run_as_others()
     if why is not None:
@@ -218,14 +230,7 @@ def test_the_host_code_runs_on_a_cpu_without_avx(tiny_roots: dict[str, Path], tm
 def test_an_avx512_build_box_s_entries_serve_a_cpu_without_it(tmp_path: Path, probe: Any) -> None:
     """The issue's case: a build box with AVX-512 compiles, a serving host without it loads
     every kernel with 0 compiles (counted at the DSL), and ``check`` passes there."""
-    _needs_namespaces()
-    here = Path("/proc/cpuinfo").read_text()
-    flags = re.search(r"(?m)^flags\s*:(.*)$", here)
-    if flags is None:
-        pytest.skip("no flags line in /proc/cpuinfo")
-    plain = " ".join(f for f in flags.group(1).split() if not f.startswith("avx512"))
-    build_box = seeing(cpuinfo_with_flags(tmp_path / "cpuinfo-avx512", f"{plain} {' '.join(AVX512_FLAGS)}"))
-    serving = seeing(cpuinfo_with_flags(tmp_path / "cpuinfo-plain", plain))
+    build_box, serving = avx512_views(tmp_path)
     root = tmp_path / "root"
     cold = probe(root, 1, prefix=build_box)
     assert cold["counters"]["compiles"] == 1
@@ -240,16 +245,10 @@ def test_an_avx512_build_box_s_entries_serve_a_cpu_without_it(tmp_path: Path, pr
 def test_the_native_setting_keeps_entries_to_cpus_like_the_build_box(tmp_path: Path, probe: Any) -> None:
     """CUTE_DISKCACHE_HOST_CPU=native: tuned for and recorded as the build CPU, as before; a host
     without its AVX-512 says so and compiles (so the test above can fail)."""
-    _needs_namespaces()
-    here = Path("/proc/cpuinfo").read_text()
-    flags = re.search(r"(?m)^flags\s*:(.*)$", here)
-    if flags is None:
-        pytest.skip("no flags line in /proc/cpuinfo")
-    plain = " ".join(f for f in flags.group(1).split() if not f.startswith("avx512"))
-    build_box = seeing(cpuinfo_with_flags(tmp_path / "cpuinfo-avx512", f"{plain} {' '.join(AVX512_FLAGS)}"))
+    build_box, serving = avx512_views(tmp_path)
     root = tmp_path / "root"
     probe(root, 1, prefix=build_box, extra_env={"CUTE_DISKCACHE_HOST_CPU": "native"})
-    served = probe(root, 1, prefix=seeing(cpuinfo_with_flags(tmp_path / "cpuinfo-plain", plain)))
+    served = probe(root, 1, prefix=serving)
     assert served["counters"]["compiles"] == 1
     assert any("host-cpu" in line and "avx512" in line for line in served["cache_log"]), served["cache_log"]
 
@@ -288,13 +287,7 @@ def test_a_fleet_of_two_cpu_classes_compiles_once(probe: Any, redis_db: Any, red
     with its own empty root, loads the fleet's entry: one compile fleet-wide, both nodes serve."""
     from test_remote_redis import node_env
 
-    _needs_namespaces()
-    flags = re.search(r"(?m)^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text())
-    if flags is None:
-        pytest.skip("no flags line in /proc/cpuinfo")
-    plain = " ".join(f for f in flags.group(1).split() if not f.startswith("avx512"))
-    newer = seeing(cpuinfo_with_flags(tmp_path / "cpuinfo-avx512", f"{plain} {' '.join(AVX512_FLAGS)}"))
-    older = seeing(cpuinfo_with_flags(tmp_path / "cpuinfo-plain", plain))
+    newer, older = avx512_views(tmp_path)
     first = probe(tmp_path / "node-new" / "root", 1, prefix=newer, extra_env=node_env(redis_url))
     assert first["real_compiles"] == 1
     second = probe(tmp_path / "node-old" / "root", 1, prefix=older, extra_env=node_env(redis_url))
