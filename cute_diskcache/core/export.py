@@ -70,7 +70,7 @@ def export(
         from . import crossbuild
 
         obj = crossbuild.host_object(compiled, hostmachine.current(), symbol)
-        host = hostcpu.host_code()
+        host = code  # the other machine's baseline: hostcpu.host_code() knows whose code this process writes
         if tvm_ffi:
             symbol = str(compiled.function_name)  # it exports __tvm_ffi_<function name>, as a captured object does
         link = False  # another machine's object: its toolchain, not ours
