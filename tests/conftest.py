@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import pytest
+from timeline import pytest_fixture_setup, pytest_runtest_logreport  # noqa: F401  (hooks: CUTE_DISKCACHE_TEST_TIMELINE)
 
 TARGET = "rtx-pro-6000"
 #: One probe: interpreter + flashinfer import (~3 s) + compiles (~2 s micro, ~4.5 s dynamic).
