@@ -14,13 +14,15 @@ start): torch, the DSL and msgpack load only when a cache is actually used.
 from __future__ import annotations
 
 import sys
+
+from ._version import __version__
+from .activation import install, uninstall
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at start-up
 
 if TYPE_CHECKING:
-    from typing import Any, Callable
-
-from ._version import __version__  # noqa: E402
-from .activation import install, uninstall  # noqa: E402
+    from collections.abc import Callable
+    from typing import Any
 
 __all__ = ["__version__", "install", "uninstall", "cached_compile", "counters", "CacheMissError"]
 

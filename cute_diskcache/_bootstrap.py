@@ -9,7 +9,7 @@ try:
     from .activation import install as _install
 
     _install()
-except Exception as _exc:  # pragma: no cover - a broken cache must never break python itself
+except Exception as _exc:  # pragma: no cover  # noqa: BLE001 - a broken cache must never break python itself
     import logging
 
     logging.getLogger("cute_diskcache").warning("cute-diskcache bootstrap failed: %s", _exc)

@@ -13,17 +13,20 @@ from __future__ import annotations
 # of an engine pays next to nothing for the hook.
 import sys
 from _thread import RLock
+
+# The adapters' names modules import nothing: naming a library loads none of it.
+from .b12x_sites.names import B12X
+from .b12x_sites.names import SITE_PACKAGES as B12X_SITE_PACKAGES
+from .flashinfer_sites.names import DSL_CUTE, FLASHINFER, MOE_DISPATCH
+from .flashinfer_sites.names import SITE_PACKAGES as FLASHINFER_SITE_PACKAGES
+
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at start-up
 
 if TYPE_CHECKING:
     import importlib.machinery
+    from collections.abc import Sequence
     from types import ModuleType
-    from typing import Any, Sequence
-
-from .b12x_sites.names import B12X  # noqa: E402  (imports nothing)
-from .b12x_sites.names import SITE_PACKAGES as B12X_SITE_PACKAGES  # noqa: E402
-from .flashinfer_sites.names import DSL_CUTE, FLASHINFER, MOE_DISPATCH  # noqa: E402  (imports nothing)
-from .flashinfer_sites.names import SITE_PACKAGES as FLASHINFER_SITE_PACKAGES  # noqa: E402
+    from typing import Any
 
 #: Each adapter package (under ``cute_diskcache.``) and the modules it is handed as they are imported.
 _ADAPTERS = (("flashinfer_sites", FLASHINFER_SITE_PACKAGES), ("b12x_sites", B12X_SITE_PACKAGES))
@@ -41,12 +44,12 @@ def _watched(fullname: str) -> bool:
     return fullname in _WATCHED or fullname.startswith(SITE_PACKAGES)
 
 
-def _site_modules() -> "list[ModuleType]":
+def _site_modules() -> list[ModuleType]:
     """The adapters' candidate modules already imported, in import order."""
     return [m for name, m in list(sys.modules.items()) if name.startswith(SITE_PACKAGES) and m is not None]
 
 
-def _adapter_of(module_name: str) -> "Any":
+def _adapter_of(module_name: str) -> Any:
     """The adapter package handed ``module_name`` (imported on first use)."""
     import importlib
 
@@ -55,7 +58,7 @@ def _adapter_of(module_name: str) -> "Any":
 
 
 _lock = RLock()
-_finder: "_Finder | None" = None
+_finder: _Finder | None = None
 _profile_name: str | None = None
 _cache_on = False
 _attach_failure_said = False  # the attach failure is a WARNING once per process
@@ -133,7 +136,7 @@ def _attach(module: ModuleType) -> None:
         adapter.apply_profile(module)
         if _cache_on:
             adapter.patch(module)
-    except Exception as exc:  # never break flashinfer's import because of the cache
+    except Exception as exc:  # noqa: BLE001 - never break flashinfer's import because of the cache
         # Attaching runs once per flashinfer module imported: a broken install would say it dozens of times.
         global _attach_failure_said
         level = 10 if _attach_failure_said else 30  # DEBUG, WARNING (logging is not imported at start-up)
@@ -149,7 +152,7 @@ def _attach_dsl() -> None:
         from . import flashinfer_sites
 
         flashinfer_sites.attach_dsl()
-    except Exception as exc:  # never break the DSL's import because of the cache
+    except Exception as exc:  # noqa: BLE001 - never break the DSL's import because of the cache
         _log().warning("cute-diskcache could not attach to the DSL (%s); inline sites run uncached", exc)
 
 

@@ -422,7 +422,7 @@ def trust_group() -> int | None:
         import grp
 
         return grp.getgrnam(raw).gr_gid
-    except Exception:  # KeyError (no such group), a name the C library cannot take
+    except Exception:  # noqa: BLE001 - KeyError (no such group), a name the C library cannot take
         warn_once(name, raw, "ignoring %s=%r (no such group here; give the gid); no group is trusted", name, raw)
         return None
 

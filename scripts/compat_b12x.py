@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import compat_matrix as cm  # noqa: E402
+import compat_matrix as cm
 
 log = logging.getLogger("compat_b12x")
 

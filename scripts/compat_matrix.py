@@ -45,7 +45,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
+from collections.abc import Iterable, Iterator
 
 log = logging.getLogger("compat_matrix")
 
@@ -433,7 +434,7 @@ def result_differences(cold: list[dict[str, Any]] | None, warm: list[dict[str, A
     if len(cold) != len(warm):
         return [f"{len(cold)} kernels cold, {len(warm)} warm"]
     out = []
-    for c, w in zip(cold, warm):
+    for c, w in zip(cold, warm, strict=True):
         if c["classes"] != w["classes"]:
             out.append(f"classes {c['classes'][:1]} -> {w['classes'][:1]}")
         tvm_ffi = any("TVMFFI" in cls for cls in c["classes"])
@@ -704,7 +705,7 @@ def run_cells(chosen: list[Any], run_one: Any, out_dir: Path, identity: Any, aft
         log.info("[%d/%d] %s (%s)", i, len(chosen), cell.name, ", ".join(cell.roles))
         try:
             result = run_one(cell)
-        except Exception as exc:  # the venv could not be built: recorded as such
+        except Exception as exc:  # noqa: BLE001 - the venv could not be built: recorded as such, never skipped
             result = {**identity(cell), "status": "failed", "reason": f"{type(exc).__name__}: {str(exc)[-600:]}",
                       "machine": machine(), "date": datetime.date.today().isoformat()}
         (out_dir / f"{cell.name}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")

@@ -61,7 +61,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 log = logging.getLogger("emulated_aarch64")
 

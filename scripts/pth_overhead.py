@@ -77,7 +77,7 @@ def measure(bare: Path, installed: Path, runs: int, cwd: Path) -> dict[str, dict
         out[name] = {
             "median_ms": statistics.median(xs) * 1e3,
             "p90_ms": statistics.quantiles(xs, n=10)[-1] * 1e3,
-            "delta_ms": statistics.median(x - b for x, b in zip(xs, base)) * 1e3,
+            "delta_ms": statistics.median(x - b for x, b in zip(xs, base, strict=True)) * 1e3,
         }
     return out
 

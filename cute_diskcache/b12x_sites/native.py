@@ -62,7 +62,7 @@ def _lowering_forbidden() -> bool:
     flag = getattr(plan, "_FORBID_LOWERING", None)
     try:
         return bool(flag.get()) if flag is not None else False
-    except Exception:  # a b12x whose flag is no ContextVar: not a phase we know
+    except Exception:  # noqa: BLE001 - a b12x whose flag is no ContextVar: not a phase we know
         return False
 
 

@@ -29,7 +29,7 @@ import argparse
 import logging
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from . import inventory
 from ..storage.layout import ROOT_DIRS

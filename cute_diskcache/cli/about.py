@@ -35,7 +35,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
         info["dsl"] = dsl_stack_string()
         info["codegen_env"] = codegen_env()
-    except Exception as exc:  # info must work even with a broken DSL install
+    except Exception as exc:  # noqa: BLE001 - info must work even with a broken DSL install
         info["dsl"] = f"unavailable: {exc}"
     if args.json:
         print_json(info)

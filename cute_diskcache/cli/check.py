@@ -27,7 +27,8 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from .. import config, prewarm
 from . import coverage

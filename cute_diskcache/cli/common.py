@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import re
 from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from .. import config
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
+from collections.abc import Callable, Iterable
 
 from ..keys import hostcpu
 from ..storage import staleness
@@ -107,13 +108,13 @@ def host_arch() -> tuple[str | None, str]:
     if name:
         try:
             return targets.get(name).arch, f"target profile {name}"
-        except Exception:  # an unknown profile: the serving process ignores it too
+        except Exception:  # noqa: BLE001 - an unknown profile: the serving process ignores it too
             pass
     try:
         from ..keys.gpu import Gpu
 
         gpu = Gpu.find()
-    except Exception:
+    except Exception:  # noqa: BLE001 - no driver, no cuda-python, a broken install: no GPU to name
         gpu = None
     if gpu is not None:
         return gpu.arch, f"GPU {gpu.name}"

@@ -8,7 +8,8 @@ from disk (0 compiles) with the same kernel ABI.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 #: Qwen3-30B-A3B's MoE layer, one GPU: 128 experts, top-8, hidden 2048, moe_intermediate 768.
 DEMO_SHAPE = "128,8,2048,768"
@@ -34,9 +35,9 @@ def run(root: Path, *, target: str, ms: Sequence[int] = DEMO_MS, shape: str = DE
     warm = probe.run(root, list(ms), target=target, shape=shape)
     rows = [
         (site.rsplit(".", 1)[-1], kind_c, t_cold, kind_w, t_warm)
-        for (site, _d, kind_c, t_cold, *_), (_s, _d2, kind_w, t_warm, *_) in zip(cold["events"], warm["events"])
+        for (site, _d, kind_c, t_cold, *_), (_s, _d2, kind_w, t_warm, *_) in zip(cold["events"], warm["events"], strict=False)
     ]
     ok = warm["counters"]["compiles"] == 0 and all(
-        a["launch_error"] == b["launch_error"] for a, b in zip(cold["records"], warm["records"])
+        a["launch_error"] == b["launch_error"] for a, b in zip(cold["records"], warm["records"], strict=False)
     )
     return {"rows": rows, "cold": cold, "warm": warm, "ok": ok}

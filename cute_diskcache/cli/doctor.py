@@ -71,7 +71,7 @@ def _group(site: dict[str, Any]) -> str:
 def _table(sites: list[dict[str, Any]]) -> list[str]:
     if not sites:
         return []
-    name = lambda s: f"{s.get('path') or s['file']}:{s['function']}"  # noqa: E731
+    name = lambda s: f"{s.get('path') or s['file']}:{s['function']}"  # noqa: E731 - a one-line formatter, read where it is used
     width = max(len(name(s)) for s in sites)
     lines = [f"  {'persisted by':<15}{'site':<{width}}  how"]
     for s in sites:

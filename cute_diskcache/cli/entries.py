@@ -7,7 +7,8 @@ import contextlib
 import datetime as _dt
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from .. import config
 from ..storage import entry, layout
@@ -56,7 +57,7 @@ def _list_table(rows: list[dict[str, Any]], key_width: int | None) -> str:
     width = key_width if key_width is not None else max(16, LIST_WIDTH - fixed)
     keys = [shorten(readable_key(r["key"]), width) if r["status"] == "ok" else f"[{shorten(r['status'], width - 2)}]" for r in rows]
     lines = table(("digest", "site", "key", "size", "used", "compile"),
-                  [(c[0], c[1], k, c[2], c[3], c[4]) for c, k in zip(cells, keys)], right=(3, 5)).splitlines()
+                  [(c[0], c[1], k, c[2], c[3], c[4]) for c, k in zip(cells, keys, strict=True)], right=(3, 5)).splitlines()
     out = ["  " + lines[0]]
     by_ns: dict[str, list[int]] = {}
     for i, r in enumerate(rows):  # the namespaces in the order of their first row (the --sort order)

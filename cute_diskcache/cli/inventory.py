@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from .. import config
 from ..storage import entry, eviction, ingest, layout, stats
@@ -59,7 +60,7 @@ def trust_note(root: Path) -> str | None:
         from ..storage import trust
 
         return trust.root_refusal(root, group=config.trust_group())
-    except Exception:  # advice for a report: it must print regardless
+    except Exception:  # noqa: BLE001 - advice for a report: it must print regardless
         return None
 
 
@@ -146,7 +147,7 @@ def device_check(d: Path, manifest: dict[str, Any], obj: bytes, gpu: Gpu | None)
         if gpu is not None:
             for item in manifest["payloads"].get("cubin", []):
                 gpu.load_cubin(entry.read_payload(d, item, role="cubin"))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the loader's or driver's refusal, whatever its kind, is this entry's verdict
         return "failed", f"{type(exc).__name__}: {one_line(str(exc))}"
     return "loaded", "object and its cubins loaded on the device" if gpu is not None else "object loaded on the host (no GPU)"
 

@@ -7,7 +7,8 @@ import json
 import re
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from ..config import format_size
 
@@ -63,7 +64,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, right: Seque
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = []
     for r in cells:
-        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=False))]
         lines.append("  ".join(parts).rstrip())
     return "\n".join(lines)
 

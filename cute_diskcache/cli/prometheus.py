@@ -13,7 +13,8 @@ https://prometheus.io/docs/instrumenting/exposition_formats/#text-based-format
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 #: (statistics field, metric name, help). Counters: what processes counted (``stats.FIELDS``).
 COUNTERS: tuple[tuple[str, str, str], ...] = (

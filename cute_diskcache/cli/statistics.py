@@ -42,7 +42,7 @@ def _remote_rows(t: dict[str, float]) -> list[tuple[str, str]]:
     fields = ("remote_hits", "remote_misses", "remote_errors", "remote_skipped", "remote_bytes_in", "remote_bytes_out", "published", "publish_dropped")
     if label is None and not any(t.get(f) for f in fields):
         return []
-    g = lambda f: t.get(f, 0.0)  # noqa: E731
+    g = lambda f: t.get(f, 0.0)  # noqa: E731 - a one-line getter, read where it is used
     asked = g("remote_hits") + g("remote_misses") + g("remote_errors")
     per = f", {fmt_s(g('remote_seconds') / asked)} per fetch" if asked else ""
     return [

@@ -16,7 +16,8 @@ import importlib
 import importlib.util
 import os
 import sys
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 #: How many frames above ``cute.compile`` a site may sit (compile -> lambda -> a native builder
 #: -> helper -> site needs 4; 6 leaves room, and costs 6 dict lookups on a compile).

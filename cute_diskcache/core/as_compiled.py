@@ -37,7 +37,8 @@ import importlib
 import logging
 import threading
 import zlib
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import msgpack
 
@@ -137,7 +138,7 @@ def _compiled_classes() -> dict[tuple[str, str], type]:
     for module in _PROVIDERS:
         try:
             importlib.import_module(module)
-        except Exception:  # a DSL laid out otherwise: the classes it did load
+        except Exception:  # noqa: BLE001 - a DSL laid out otherwise: the classes it did load
             pass
     found: dict[tuple[str, str], type] = {}
     stack: list[type] = [JitCompiledFunction]
@@ -160,7 +161,7 @@ def preload() -> None:
     for module in _PROVIDERS:
         try:
             importlib.import_module(module)
-        except Exception:  # a DSL laid out otherwise: the first hit finds what it has
+        except Exception:  # noqa: BLE001 - a DSL laid out otherwise: the first hit finds what it has
             pass
 
 
@@ -202,7 +203,7 @@ def _is_compiled(kernel: Any) -> bool:
     """Whether ``kernel`` is of the DSL's compiled-function family (the only results rebuilt)."""
     try:
         from cutlass.base_dsl.jit_executor import JitCompiledFunction
-    except Exception:  # a DSL laid out otherwise: hand back what we load, as before
+    except Exception:  # noqa: BLE001 - a DSL laid out otherwise: hand back what we load, as before
         return False
     return isinstance(kernel, JitCompiledFunction)
 
@@ -235,7 +236,7 @@ def _signature_bytes(kernel: Any) -> bytes | None:
     try:
         _export_provider()
         return bytes(kernel.export_provider.signature_processor.dumps(kernel.execution_args.signature))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - private DSL API: a DSL that lays it out otherwise keeps no signature
         log.debug("no signature kept (%s: %s)", type(exc).__name__, exc)
         return None
 
@@ -243,13 +244,13 @@ def _signature_bytes(kernel: Any) -> bytes | None:
 def _export_provider() -> None:
     """The DSL sets its compiled functions' export provider (and so its signature processor) when
     ``cutlass.cute.export`` is imported, which a process that only compiles may never do."""
-    import cutlass.cute.export  # noqa: F401
+    import cutlass.cute.export  # noqa: F401 - imported for its side effect (above)
 
 
 def _is_tvm_ffi_function(cls: type) -> bool:
     try:
         import tvm_ffi
-    except Exception:
+    except Exception:  # noqa: BLE001 - no tvm-ffi, or one that fails to load its library: not its function class
         return False
     return issubclass(cls, tvm_ffi.Function)
 
@@ -266,7 +267,7 @@ def valid(result: Any) -> bool:
         return False
     try:
         _compiled_class(result["class"])
-    except Exception:  # NotAllowed, or no DSL here to say: not side data a hit can hand back
+    except Exception:  # noqa: BLE001 - NotAllowed, or no DSL here to say: not side data a hit can hand back
         return False
     return True
 

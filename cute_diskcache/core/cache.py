@@ -12,7 +12,8 @@ import logging
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
 
 from . import as_compiled, export, report
 from .. import config
@@ -186,7 +187,7 @@ class CompileCache:
             dsl_stack()
             loader.preload()
             as_compiled.preload()
-        except Exception as exc:  # only an optimisation: the first lookup does it again
+        except Exception as exc:  # noqa: BLE001 - only an optimisation: the first lookup does it again
             log.debug("warm-up skipped: %s", exc)
         self._announce()
         return time.perf_counter() - t0
@@ -279,7 +280,7 @@ class CompileCache:
         t0 = time.perf_counter()
         try:
             found = self.remote.fetch(key, self.store) if remote and self.remote is not None else self.store.lookup_or_quarantine(key, load=True)
-        except Exception as exc:  # a bug of ours must cost a compile, never the caller's kernel
+        except Exception as exc:  # noqa: BLE001 - a bug of ours must cost a compile, never the caller's kernel
             log.error("cute-diskcache lookup failed unexpectedly (%s: %s); compiling", type(exc).__name__, exc)
             with self._lock:
                 self.counters.errors += 1
@@ -293,7 +294,7 @@ class CompileCache:
                 return None
             try:
                 kernel = self._load(key, found)
-            except Exception as exc:  # the DSL refused bytes we verified: not for this process
+            except Exception as exc:  # noqa: BLE001 - the DSL refused bytes we verified: not for this process
                 why = entry.EntryError("load", f"{type(exc).__name__}: {exc}")
                 self._refused[key.digest] = why
                 self.store.note_refusal(self.store.entry_dir(key), why)
@@ -314,7 +315,7 @@ class CompileCache:
             return None
         try:
             return reuse_fn()
-        except Exception as exc:  # only the second stage lost: the compile goes on
+        except Exception as exc:  # noqa: BLE001 - only the second stage lost: the compile goes on
             log.debug("no second-stage plan: %s: %s", type(exc).__name__, exc)
             return None
 
@@ -338,7 +339,7 @@ class CompileCache:
             return False
         try:
             return reuse.possible(self.store, key.env) or (self.remote is not None and self.remote.reuse_possible(key.env))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - only the second stage lost: the compile goes on
             log.debug("second-stage lookup skipped: %s: %s", type(exc).__name__, exc)
             return False
 
@@ -401,13 +402,13 @@ class CompileCache:
         try:
             if not reuse.possible(self.store, key.env) and not (self.remote is not None and self.remote.reuse_possible(key.env)):
                 return None
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - only the second stage lost: the compile goes on
             log.debug("second-stage lookup skipped: %s: %s", type(exc).__name__, exc)
             return None
         t0 = time.perf_counter()
         try:
             traced = plan.trace()
-        except Exception as exc:  # a DSL without hooks, or arguments it refuses (the compile says so)
+        except Exception as exc:  # noqa: BLE001 - a DSL without hooks, or arguments it refuses (the compile says so)
             log.debug("no trace of %s %s: %s: %s", key.site, key.digest[:12], type(exc).__name__, exc)
             return None
         traced_s = time.perf_counter() - t0
@@ -421,7 +422,7 @@ class CompileCache:
         try:
             before = layout.entry_bytes(dest)
             manifest = self._link_first(key, k2)
-        except Exception as exc:  # a bug of ours must cost a compile, never the caller's kernel
+        except Exception as exc:  # noqa: BLE001 - a bug of ours must cost a compile, never the caller's kernel
             log.error("cute-diskcache second-stage lookup failed unexpectedly (%s: %s); compiling", type(exc).__name__, exc)
             return None
         if manifest is None:
@@ -506,7 +507,7 @@ class CompileCache:
                 with self._lock:
                     self.counters.shared_loads += 1
                 return kernel
-            except Exception as exc:  # an unexpected runtime: never the entry's fault
+            except Exception as exc:  # noqa: BLE001 - an unexpected runtime: never the entry's fault
                 log.debug("shared object of %s not loadable here (%s: %s); loading the object", key.digest[:12], type(exc).__name__, exc)
             found = self.store.lookup_or_quarantine(key)
             if found is None:
@@ -576,7 +577,7 @@ class CompileCache:
                 if manifest is not None:
                     stats.record(ns, "writes")
                     stats.record(ns, "bytes_written", sum(p["size"] for items in manifest["payloads"].values() for p in items))
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - never let persistence break a kernel the caller already has
                 # Never let persistence break a kernel the caller already has.
                 with self._lock:
                     self.counters.errors += 1
@@ -608,7 +609,7 @@ class CompileCache:
             found = self.store.lookup_or_quarantine(key, load=True)
             if found is not None:
                 return self._load(key, found), {**found[0]["extra"], HIT_FROM: as_compiled.Payloads(functools.partial(self.store.read_role, key))}
-        except Exception as exc:  # the kernel in hand still works: never lose it
+        except Exception as exc:  # noqa: BLE001 - the kernel in hand still works: never lose it
             log.debug("%s %s: the written entry did not load (%s: %s); handing over the compiled kernel", key.site,
                       key.digest[:12], type(exc).__name__, exc)
         return kernel, extra

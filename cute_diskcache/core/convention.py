@@ -156,7 +156,7 @@ def packed_ptx(kernel: Any) -> bytes | None:
         ptx = kernel.__ptx__
         if isinstance(ptx, str) and os.path.isfile(ptx):
             ptx = Path(ptx).read_text()
-    except Exception:  # no PTX after all: the entry is never served to a caller asking for it
+    except Exception:  # noqa: BLE001 - no PTX after all: the entry is never served to a caller asking for it
         return None
     if not isinstance(ptx, str):
         return None
@@ -188,7 +188,7 @@ def with_ptx(kernel: Any, packed: Any, site: str) -> Any:
     else:
         try:
             have = kernel.__ptx__
-        except Exception:
+        except Exception:  # noqa: BLE001 - a kernel that cannot say its PTX is one without it
             have = None
     if have:
         return kernel  # compiled in this process

@@ -62,7 +62,7 @@ def _engine() -> Any:
     return _mlirExecutionEngine
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def refusal(machine: str) -> str | None:
     """Why this DSL cannot write host code for ``machine`` here (one clause), or None.
 
@@ -80,7 +80,7 @@ def refusal(machine: str) -> str | None:
         from cutlass._mlir import ir
 
         engine = _engine()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - private DSL API: whatever the import raises is the refusal's reason
         return f"the DSL's execution engine cannot be imported ({type(exc).__name__}: {exc})"
     dump = getattr(engine, "dump_object_file_pic", None)
     if dump is None or "host_triple" not in (getattr(dump, "__doc__", "") or ""):
@@ -92,7 +92,7 @@ def refusal(machine: str) -> str | None:
             dump(module, path, "cdc_cross_probe", opt_level=0, host_triple=triple)
             with open(path, "rb") as fh:
                 got = elf.machine(fh.read(64))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - LLVM's failure, whatever its kind, is the refusal's reason
         return f"its LLVM cannot write {triple} objects ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
     if got != ELF_MACHINES[machine]:
         return f"its LLVM wrote an object of ELF machine {got} for {triple}"

@@ -19,7 +19,8 @@ import inspect
 import re
 import types
 import weakref
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..keys.key import UnkeyableError, code_digest
 
@@ -145,7 +146,7 @@ class Describer:
                                  "fingerprinted (not the caller's, not the DSL's)")
         self._module(module)
         cells = []
-        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
             try:
                 cells.append((name, self(cell.cell_contents, depth + 1)))
             except ValueError:  # an empty cell
@@ -278,12 +279,12 @@ def evaluated_annotations(fn: Any) -> dict[str, Any]:
     more than the rest of a key, and a kernel's functions are met again by every request."""
     try:
         return inspect.get_annotations(fn, eval_str=True)
-    except Exception:
+    except Exception:  # noqa: BLE001 - evaluating a string annotation runs the module's code: any error keeps the raw ones
         return dict(getattr(fn, "__annotations__", None) or {})
 
 
 #: function -> its code as we first met it (DSLs before 4.8 keep no copy of what they rewrite).
-_FIRST_CODE: "weakref.WeakKeyDictionary[Any, types.CodeType]" = weakref.WeakKeyDictionary()
+_FIRST_CODE: weakref.WeakKeyDictionary[Any, types.CodeType] = weakref.WeakKeyDictionary()
 
 
 def original_code(fn: types.FunctionType) -> types.CodeType:

@@ -15,7 +15,8 @@ import threading
 import time
 import types
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from ..keys import hostcpu
 from ..storage.elf import cubins_in
@@ -128,7 +129,7 @@ def _bytecode(ir_module: Any) -> bytes | None:
         buf = io.BytesIO()
         ir_module.operation.write_bytecode(buf)
         return buf.getvalue()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - private MLIR binding: without bytecode the text is kept
         log.debug("no MLIR bytecode (%s); keeping the text", exc)
         return None
 
@@ -171,7 +172,7 @@ class HostObject(bytes):
 
     host: hostcpu.HostCode
 
-    def __new__(cls, data: bytes, host: hostcpu.HostCode) -> "HostObject":
+    def __new__(cls, data: bytes, host: hostcpu.HostCode) -> HostObject:
         obj = super().__new__(cls, data)
         obj.host = host
         return obj
@@ -189,7 +190,7 @@ def _portable_object(module: Any = None, *_rest: Any) -> HostObject | None:
         return None
     try:
         return HostObject(crossbuild.write_object(module, code.machine, code.llvm_cpu or ""), code)
-    except Exception as exc:  # private DSL API: a DSL that lays it out otherwise keeps its own object
+    except Exception as exc:  # noqa: BLE001 - private DSL API: a DSL that lays it out otherwise keeps its own object
         log.debug("no %s host object (%s: %s); keeping the DSL's own", code.name, type(exc).__name__, exc)
         return None
 
@@ -198,7 +199,7 @@ def _install_tap() -> bool:
     """Put :class:`_AotTap` into the DSL's tvm-ffi provider (idempotent); False if its layout is unexpected."""
     try:
         from cutlass.cutlass_dsl import tvm_ffi_provider as provider
-    except Exception:
+    except Exception:  # noqa: BLE001 - private DSL module: a DSL laid out otherwise gets no tap
         return False
     with _tap_lock:
         current = provider.__dict__.get("_aot_support")

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import threading
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 #: What was assigned to ``cutlass.cute.compile`` after us (vLLM's monitor), or None.
 _wrapper: Any = None

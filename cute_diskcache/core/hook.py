@@ -162,7 +162,7 @@ def _integer_parameters(fn: Any, bound: bool) -> frozenset[int]:
             ann = annotations.get(param.name)
             if isinstance(ann, type) and issubclass(ann, cutlass.Integer):
                 out.add(i)
-    except Exception:  # unreadable: every value stays in the key
+    except Exception:  # noqa: BLE001 - unreadable: every value stays in the key
         return frozenset()
     return frozenset(out)
 
@@ -177,7 +177,7 @@ def _key(call: Call, dropped: frozenset[str] = frozenset()) -> Any:
     return Plain(("compile", call.locals["site"], call.locals["compiled_in"], ("args", described), ("kwargs", describe(extra))))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tree_facts(package: str, tree: str) -> tuple[str, tuple[str, ...]]:
     """sha256 over every ``.py`` file under ``package``/``tree`` (names relative to it) and the variables they read."""
     root = Path(package) / tree
@@ -247,7 +247,7 @@ def _environment_for(namespace: str, sources: str, reads: frozenset[str], librar
     )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _side(row: Row) -> SideData | None:
     """The handlers of a row's side data (its adapter's :attr:`~.adapter.Adapter.side_data`)."""
     library = of_row(row)
@@ -337,7 +337,7 @@ def _target_name(target: Any) -> str:
     return f"{module}.{owner.__qualname__.replace('.<locals>', '')}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def site(row: Row, target: str | None = None) -> Site:
     """The :class:`~.through.Site` record :func:`~.through.through_cache` takes for a row (for a
     per-target row, for one compile target: its entries are named after it)."""
@@ -408,7 +408,7 @@ class _Dispatch:
         self._real = real
         self._dsl_options = dsl_options
 
-    def __getitem__(self, options: Any) -> "_Dispatch":
+    def __getitem__(self, options: Any) -> _Dispatch:
         return _Dispatch(self._real[options], options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import threading
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 class Patches:
     """Per flashinfer module: every global we replaced and what it held before."""

@@ -67,7 +67,7 @@ def current() -> Ranks | None:
         ranks = tuple(int(r) for r in getattr(world, "ranks", range(size)))
         group = f"{os.getppid()}-{size}-{hash(ranks) & 0xFFFFFFFF:08x}"
         return Ranks(int(world.rank), int(world.local_rank), size, max(1, size // nodes), group)
-    except Exception:  # another vLLM's layout: each process speaks for itself, as before
+    except Exception:  # noqa: BLE001 - another vLLM's layout: each process speaks for itself, as before
         return None
 
 

@@ -41,7 +41,7 @@ def describe_kernel(key: CacheKey, why: str) -> str:
     then the start of its own key (the part a person recognises: kind, shapes, dtypes)."""
     try:
         text = repr(key.site_key)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a key's repr is the library's code: a log line must never cost the engine
         text = "?"
     if len(text) > _DESCRIPTION_CHARS:
         text = text[: _DESCRIPTION_CHARS - 3] + "..."
@@ -61,7 +61,7 @@ def attached(cache: Any) -> None:
             cache.attach_line_due = True
             return
         _say_attached(cache)
-    except Exception as exc:  # a log line must never cost the engine
+    except Exception as exc:  # noqa: BLE001 - a log line must never cost the engine
         log.debug("attach line skipped: %s: %s", type(exc).__name__, exc)
 
 
@@ -70,7 +70,7 @@ def first_request(cache: Any) -> None:
     cache.attach_line_due = False
     try:
         _say_attached(cache)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a log line must never cost the engine
         log.debug("attach line skipped: %s: %s", type(exc).__name__, exc)
 
 
@@ -199,7 +199,7 @@ def summary(cache: Any) -> None:
                 _say_summary(totals, cache.store.root, who, logging.INFO)
                 return
         _say_summary(counters, cache.store.root, "this process", logging.INFO)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a log line must never cost the engine (this runs at exit)
         log.debug("exit summary skipped: %s: %s", type(exc).__name__, exc)
 
 

@@ -16,7 +16,8 @@ import functools
 import gc
 import logging
 import sys
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterable, Iterator
 
 from ..keys.key import CacheKey, Environment, SourceFacts, UnkeyableError, source_facts
 from .cache import CompileCache, NotLoaded, default_cache
@@ -41,7 +42,7 @@ def options_text(options: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}:{sorted((k, options_text(v)) for k, v in state.items())!r}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def site_sources(module_name: str, package: str) -> SourceFacts:
     """The fingerprint of a site module's code and what it reaches (once per process: a library
     is not reloaded under a serving engine), so the first hit does not pay for it."""
@@ -206,7 +207,7 @@ def _through_cache(site: Site, call: Call, compile_fn: Callable[[], Any], cache_
     except UnkeyableError as exc:
         log.warning("not caching %s kernel: %s", site.name, exc)
         return uncached()
-    except Exception as exc:  # environment or settings trouble: run uncached, say why
+    except Exception as exc:  # noqa: BLE001 - environment or settings trouble: run uncached, say why
         log.error("cute-diskcache disabled for this %s compile: %s: %s", site.name, type(exc).__name__, exc)
         return uncached()
     if PLAN is not None:
@@ -222,7 +223,7 @@ def _through_cache(site: Site, call: Call, compile_fn: Callable[[], Any], cache_
     if site.deliver is not None:  # after adapt: side data answers for the object the library gets
         try:
             site.deliver(kernel, extra, call)
-        except Exception as exc:  # side data is an optimisation: the library then asks for itself
+        except Exception as exc:  # noqa: BLE001 - side data is an optimisation: the library then asks for itself
             log.error("cute-diskcache: %s side data not delivered (%s: %s)", site.name, type(exc).__name__, exc)
     return kernel
 
@@ -233,5 +234,5 @@ def _planned_extra(cache: CompileCache, key: CacheKey) -> dict[str, Any]:
 
     try:
         return dict(entry.read_manifest(cache.store.entry_dir(key)).get("extra") or {})
-    except Exception:
+    except Exception:  # noqa: BLE001 - planning only: an entry that cannot be read has no side data to hand over
         return {}

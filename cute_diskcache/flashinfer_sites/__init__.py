@@ -91,7 +91,7 @@ def _warm_up(md: ModuleType) -> None:
     try:
         site_sources(md.__name__, "flashinfer")  # as the hook asks it (its adapter's module)
         default_cache().warm_up()
-    except Exception as exc:  # only an optimisation; the first compile retries
+    except Exception as exc:  # noqa: BLE001 - only an optimisation; the first compile retries
         logging.getLogger("cute_diskcache").debug("warm-up skipped: %s", exc)
 
 

@@ -84,7 +84,7 @@ def probe_block_dim(compiled: Any, block_dim: int) -> dict[str, Any]:
     profile = targets.active()
     try:
         limits = cubin_thread_limits(compiled, profile)
-    except Exception as exc:  # facts only; never fail the compile over them
+    except Exception as exc:  # noqa: BLE001 - facts only; never fail the compile over them
         log.debug("cubin facts unavailable: %s", exc)
         limits = None
     info["cubin"] = limits

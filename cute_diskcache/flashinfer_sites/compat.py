@@ -22,7 +22,8 @@ import dataclasses
 import functools
 import importlib.metadata
 import logging
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 from ._common import flashinfer_version, version_tuple
 

@@ -6,7 +6,8 @@ import contextlib
 import inspect
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from ..keys import targets
 from . import native as native_builds

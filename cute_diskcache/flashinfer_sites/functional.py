@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 from ._common import flashinfer_version
 from .names import MOE_DISPATCH
@@ -57,7 +58,7 @@ def static_rows() -> int | None:
 
     Dynamic and W4A16 workspaces (``routed_rows_capacity``) are not keyed into kernels.
     """
-    rows = [getattr(ws, "max_rows") for ws in list(_md()._WORKSPACE_CACHE.values())
+    rows = [ws.max_rows for ws in list(_md()._WORKSPACE_CACHE.values())
             if hasattr(ws, "max_rows") and not hasattr(ws, "routed_rows_capacity")]
     if len(set(rows)) > 1:
         raise NotImplementedError(f"several static workspaces for one layer shape ({sorted(set(rows))}); "

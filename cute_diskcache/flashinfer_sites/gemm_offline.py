@@ -24,7 +24,8 @@ import importlib.metadata
 import logging
 import sys
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..keys import targets
 from ..core.patches import PATCHES

@@ -26,7 +26,8 @@ import logging
 import sys
 import time
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from ..core.patches import PATCHES
 from ..core import through
@@ -130,7 +131,7 @@ def native_identity(module_name: str, kernel_name: str, compile_fn: Any, extra_k
         out.update(name=spec.name, path=str(spec.object_path), cached=bool(spec.is_compiled) and not disabled,
                    disabled=disabled)
         ident = json.dumps([spec.name, spec.expected_meta, str(spec.object_path)], sort_keys=True)
-    except Exception as exc:  # identity is for reporting; a failure must not stop dispatch
+    except Exception as exc:  # noqa: BLE001 - identity is for reporting; a failure must not stop dispatch
         if "identity" not in _WARNED:  # once: a release whose native cache API moved shows up, not every kernel
             _WARNED.add("identity")
             log.warning("flashinfer %s: cannot tell whether its native kernels are cached (%s: %s); prewarm "

@@ -226,7 +226,7 @@ def _units(text: str) -> list[tuple[int, ast.Module]]:
              and not line.startswith(("else", "elif", "except", "finally")) and not _STRING_START.match(line)]
     starts = [h for n, h in enumerate(heads) if n == 0 or not lines[heads[n - 1]].startswith("@")]
     units = []
-    for start, end in zip(starts, [*starts[1:], len(lines)]):
+    for start, end in zip(starts, [*starts[1:], len(lines)], strict=True):
         chunk = "".join(lines[start:end])
         if lines[start].startswith(("import ", "from ")) or ("compile" in chunk and any(t in chunk for t in _COMPILE_TEXT)):
             units.append((start, ast.parse(chunk)))
@@ -448,7 +448,7 @@ def coverage_report() -> dict[str, Any]:
         arch = None
     try:
         dsl = dsl_stack_string()
-    except Exception as exc:  # the doctor must work with a broken DSL install
+    except Exception as exc:  # noqa: BLE001 - the doctor must work with a broken DSL install
         dsl = f"unavailable: {exc}"
     report.update(
         cute_diskcache=_version.__version__,

@@ -31,7 +31,8 @@ import contextlib
 import functools
 import logging
 import threading
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from . import targets
 
@@ -183,7 +184,7 @@ def _live_attribute(name: str, device_id: int) -> int | None:
         dsl_cuda.checkCudaErrors(dsl_cuda.cuda.cuInit(0))  # torch may not have touched the driver yet
         real = getattr(dsl_cuda.get_device_attribute, "_cdc_real", dsl_cuda.get_device_attribute)
         return int(real(attribute, device_id))
-    except Exception as exc:  # no driver, no device, an attribute this driver does not know
+    except Exception as exc:  # noqa: BLE001 - no driver, no device, an attribute this driver does not know
         log.debug("device attribute %s unreadable: %s", name, exc)
         return None
 
@@ -196,12 +197,12 @@ def _current_device_index() -> int:
     try:
         if torch is not None and torch.cuda.is_initialized():
             return int(torch.cuda.current_device())
-    except Exception:
+    except Exception:  # noqa: BLE001 - torch's CUDA state unreadable: the first device, as the DSL assumes
         pass
     return 0
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _source_for(profile: targets.DeviceProfile | None, device_id: int) -> _Source:
     if profile is not None:
         return _Source(f"profile:{profile.name}", profile.device_name, profile, None)
@@ -216,11 +217,11 @@ def _live_device_name(device_id: int) -> str:
     try:
         import cutlass.base_dsl.runtime.cuda as dsl_cuda
 
-        cuda = dsl_cuda.cuda
-        err, device = cuda.cuDeviceGet(device_id)
-        err, raw = cuda.cuDeviceGetName(256, device)
+        device = dsl_cuda.checkCudaErrors(dsl_cuda.cuda.cuDeviceGet(device_id))  # raises with the driver's error code
+        raw = dsl_cuda.checkCudaErrors(dsl_cuda.cuda.cuDeviceGetName(256, device))
         return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
-    except Exception:
+    except Exception as exc:  # noqa: BLE001 - no driver, no device: the facts carry no name, and the log says why
+        log.debug("device %d name unreadable: %s", device_id, exc)
         return ""
 
 

@@ -8,6 +8,7 @@ bindings are imported only when :meth:`Gpu.find` is called.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 
@@ -24,24 +25,27 @@ class Gpu:
         return f"sm_{self.capability[0]}{self.capability[1]}"
 
     @classmethod
-    def find(cls) -> "Gpu | None":
+    def find(cls) -> Gpu | None:
         try:
             from cuda.bindings import driver as cu
 
-            (err,) = cu.cuInit(0)
-            if err != cu.CUresult.CUDA_SUCCESS:
+            def value(result: tuple[Any, ...]) -> Any:
+                """A driver call's value; its error code raised, so the log says which call failed and how."""
+                if result[0] != cu.CUresult.CUDA_SUCCESS:
+                    raise RuntimeError(f"CUDA driver error {getattr(result[0], 'name', result[0])}")
+                return result[1] if len(result) > 1 else None
+
+            value(cu.cuInit(0))
+            if value(cu.cuDeviceGetCount()) < 1:
                 return None
-            err, count = cu.cuDeviceGetCount()
-            if err != cu.CUresult.CUDA_SUCCESS or count < 1:
-                return None
-            err, dev = cu.cuDeviceGet(0)
+            dev = value(cu.cuDeviceGet(0))
             attr = cu.CUdevice_attribute
-            _, major = cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
-            _, minor = cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
-            _, raw = cu.cuDeviceGetName(256, dev)
-            name = raw.split(b"\0", 1)[0].decode(errors="replace")
+            major = value(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev))
+            minor = value(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev))
+            name = value(cu.cuDeviceGetName(256, dev)).split(b"\0", 1)[0].decode(errors="replace")
             return cls(cu, dev, name, (int(major), int(minor)))
-        except Exception:  # no driver, no device, no cuda-python: no GPU to check on
+        except Exception as exc:  # noqa: BLE001 - no driver, no device, no cuda-python: no GPU to check on
+            logging.getLogger(__name__).debug("no GPU found: %s", exc)
             return None
 
     def load_cubin(self, cubin: bytes) -> None:

@@ -41,7 +41,7 @@ def _codegen_relevant(flag: str) -> bool:
     return bool(_X86_ISA.match(flag)) and flag not in _INTRINSIC_ONLY
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def isa_extensions() -> tuple[str, ...]:
     """This CPU's ISA extensions (sorted); empty where /proc/cpuinfo is unavailable."""
     try:

@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 from dataclasses import dataclass, field
 from types import CodeType, ModuleType
-from typing import Any, Iterable, Mapping
+from typing import Any
+from collections.abc import Iterable, Mapping
 
 import msgpack
 
@@ -240,12 +241,12 @@ def _dsl_flavour() -> str | None:
             for part in Path(path).parts:
                 if part in ("cu12", "cu13") or (part.startswith("cu") and part[2:].isdigit()):
                     return part
-    except Exception:
+    except Exception:  # noqa: BLE001 - no DSL runtime to ask: the flavour is unknown, and the key says so
         return None
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def dsl_stack() -> tuple[tuple[str, str], ...]:
     """The DSL distributions this process compiles with, and apache-tvm-ffi, with versions.
 
@@ -302,7 +303,7 @@ def current_arch() -> str:
         from cutlass.base_dsl.env_manager import detect_gpu_arch
 
         return str(detect_gpu_arch("CUTE_DSL"))
-    except Exception:  # older DSLs; fall back to torch's view of the device
+    except Exception:  # noqa: BLE001 - older DSLs; fall back to torch's view of the device
         import torch
 
         major, minor = torch.cuda.get_device_capability()
@@ -342,7 +343,7 @@ def env_reads(source: bytes) -> tuple[str, ...]:
     return tuple(sorted({(a or b).decode() for a, b in _ENV_READ.findall(source)}))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _file_facts(path: str, size: int, mtime_ns: int) -> tuple[str, tuple[str, ...]]:
     """sha256 of a module file's bytes (source, ``.pyc`` or extension module alike) and the
     environment variables it reads (Python source only). Keyed on the file's stat, so an edited
@@ -379,7 +380,7 @@ def module_code(mod: ModuleType) -> tuple[str, tuple[str, ...], tuple[Any, ...]]
     if get_source is not None:
         try:
             text = get_source(name)
-        except Exception:  # ImportError, OSError: the loader cannot give it
+        except Exception:  # noqa: BLE001 - ImportError, OSError: the loader cannot give it
             text = None
         if isinstance(text, str):
             data = text.encode("utf-8", "surrogatepass")

@@ -10,6 +10,7 @@ With a GPU present and no profile asked for, nothing here runs: real queries, re
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -202,21 +203,19 @@ def _nvml_device_count() -> int | None:
     """GPUs the NVIDIA driver reports, through NVML (no CUDA context: safe before a fork); None if unknown."""
     try:
         import pynvml  # nvidia-ml-py, a flashinfer dependency
-    except Exception:
+    except Exception:  # noqa: BLE001 - nvidia-ml-py missing or broken: the GPU count is unknown
         return None
     try:
         pynvml.nvmlInit()
-    except Exception:
+    except pynvml.NVMLError:
         return 0  # no driver loaded: no NVIDIA device here
     try:
         return int(pynvml.nvmlDeviceGetCount())
-    except Exception:
+    except pynvml.NVMLError:
         return None
     finally:
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def refusal(name: str | None) -> str | None:

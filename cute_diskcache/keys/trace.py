@@ -39,7 +39,8 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
 log = logging.getLogger("cute_diskcache")
 
@@ -87,7 +88,7 @@ def unsupported() -> str | None:
     """Why this DSL cannot trace without lowering, or None when it can."""
     try:
         from cutlass.base_dsl.dsl import BaseDSL
-    except Exception as exc:  # no DSL at all
+    except Exception as exc:  # noqa: BLE001 - no DSL at all
         return f"nvidia-cutlass-dsl not importable ({type(exc).__name__}: {exc})"
     if not callable(getattr(BaseDSL, "trace_finalize_hooks", None)):
         return "nvidia-cutlass-dsl < 4.6 has no trace_finalize_hooks"
@@ -233,13 +234,13 @@ def trace_then_lower(compile_callable: Any, *args: Any, decide: Callable[[Traced
     def stop_or_lower(dsl: Any, module: Any, function_name: str) -> None:
         try:
             read = _read(dsl, module, function_name, False)
-        except Exception as exc:  # no digest: nothing to look up, and no record; the compile goes on
+        except Exception as exc:  # noqa: BLE001 - no digest: nothing to look up, and no record; the compile goes on
             log.debug("no traced-IR digest for %s: %s: %s", function_name, type(exc).__name__, exc)
             return
         traced = Traced(seconds=time.perf_counter() - t0, **read)
         try:
             stop = bool(decide(traced))
-        except Exception as exc:  # a failed lookup must cost a compile, never the kernel
+        except Exception as exc:  # noqa: BLE001 - a failed lookup must cost a compile, never the kernel
             log.error("cute-diskcache second-stage lookup failed unexpectedly (%s: %s); compiling", type(exc).__name__, exc)
             stop = False
         if stop:
@@ -273,7 +274,7 @@ def compile_traced(compile_callable: Any, *args: Any, **kwargs: Any) -> tuple[An
     def record(dsl: Any, module: Any, function_name: str) -> None:
         try:
             seen.append(_read(dsl, module, function_name, False))
-        except Exception as exc:  # only a second-stage key lost; the compile goes on
+        except Exception as exc:  # noqa: BLE001 - only a second-stage key lost; the compile goes on
             log.debug("no traced-IR digest for %s: %s: %s", function_name, type(exc).__name__, exc)
 
     record.__qualname__ = "cute_diskcache.keys.trace.record"
@@ -314,7 +315,7 @@ def recorder(kwargs: dict[str, Any]) -> dict[str, Any]:
         t0 = time.perf_counter()
         try:
             seen.append(Traced(seconds=0.0, **_read(dsl, module, function_name, False)))
-        except Exception as exc:  # only a second-stage record lost; the compile goes on
+        except Exception as exc:  # noqa: BLE001 - only a second-stage record lost; the compile goes on
             log.debug("no traced-IR digest for %s: %s: %s", function_name, type(exc).__name__, exc)
         else:
             log.debug("traced-IR digest of %s read in %.0f ms", function_name, (time.perf_counter() - t0) * 1e3)

@@ -38,7 +38,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from .. import config
 
@@ -231,7 +232,7 @@ def worker_main(args: argparse.Namespace) -> int:
                 records = fpath.replay(dispatcher.run, tuple(recipe))
             else:
                 records = [dispatcher.run(v) for v in recipe]
-        except Exception as exc:  # reported per kernel; the worker carries on
+        except Exception as exc:  # noqa: BLE001 - reported per kernel; the worker carries on
             error = f"{type(exc).__name__}: {exc}"
         events = [{"digest": e[1], "outcome": e[2], "seconds": e[3]} for e in cache.events[before:]]
         # flashinfer's natively cached kernels, built (or found) by flashinfer itself.
@@ -243,7 +244,7 @@ def worker_main(args: argparse.Namespace) -> int:
 
 
 class _Worker:
-    def __init__(self, cmd: list[str], out: "queue.Queue[tuple[_Worker, dict[str, Any] | None]]") -> None:
+    def __init__(self, cmd: list[str], out: queue.Queue[tuple[_Worker, dict[str, Any] | None]]) -> None:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self.current: Kernel | None = None
         self._out = out
@@ -334,7 +335,7 @@ def compile_missing(kernels: list[Kernel], shape: Any, args: argparse.Namespace,
             if msg["error"] and not hit:
                 k.status, k.error = "failed", msg["error"]
             elif not hit:
-                k.status, k.error = "failed", "flashinfer compiled other keys than planned for m=%d" % k.ms[0]
+                k.status, k.error = "failed", f"flashinfer compiled other keys than planned for m={k.ms[0]}"
             else:
                 k.status, k.seconds = {"miss": "compiled", "reused": "reused"}.get(hit[0]["outcome"], "cached"), hit[0]["seconds"]
                 if k.digest in compiled_here:  # compiled by this run (maybe by another recipe first)
@@ -378,7 +379,7 @@ def _stop(pool: WorkerPool | None) -> None:
 
 
 def _counts(kernels: list[Kernel]) -> dict[str, Any]:
-    by = lambda s: [k for k in kernels if k.status == s]  # noqa: E731
+    by = lambda s: [k for k in kernels if k.status == s]  # noqa: E731 - a one-line filter, read where it is used
     kinds: dict[str, int] = {}
     for k in kernels:
         kinds[k.kind] = kinds.get(k.kind, 0) + 1

@@ -136,7 +136,7 @@ def _compile_missing(args: argparse.Namespace, jobs: list[Any]) -> list[dict[str
         whole = all(k.status == "cached" for k in kernels.values())
         cached.append({"status": "cached", "seconds": 0.0, "programs": 0, "digests": sorted(kernels), "compiles": 0,
                        "hits": len(kernels), "errors": 0} if whole else None)
-    todo = [job for job, done in zip(jobs, cached) if done is None]
+    todo = [job for job, done in zip(jobs, cached, strict=True) if done is None]
     compiled = iter(planning.compile_jobs(todo, args.target, args.jobs, hostmachine.current()) if todo else [])
     return [done if done is not None else next(compiled) for done in cached]
 

@@ -12,7 +12,8 @@ needs a handful of dense kernels however many layer shapes and batch sizes it ha
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 
 def dispatcher(shape: Any) -> Any:

@@ -90,11 +90,11 @@ def _hf_config(repo_id: str) -> str:
         return str(hf_hub_download(repo_id, "config.json", local_files_only=True))
     except LocalEntryNotFoundError:
         pass
-    except Exception as exc:  # malformed repo ids and the like
+    except Exception as exc:  # noqa: BLE001 - malformed repo ids and the like
         raise ModelConfigError(f"cannot resolve {repo_id!r}: {exc}") from None
     try:
         return str(hf_hub_download(repo_id, "config.json"))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the Hub client raises many kinds; each becomes the user's one error
         raise ModelConfigError(f"{repo_id!r} is not in the local Hugging Face cache and the Hub said: {exc}") from None
 
 
@@ -217,7 +217,7 @@ class DenseShape:
         return {"model": self.model, "linears": [lin.as_dict() for lin in self.linears], "out_dtype": self.out_dtype,
                 "quant_mode": self.quant_mode, "notes": list(self.notes)}
 
-    def with_dtype(self, dtype: str | None) -> "DenseShape":
+    def with_dtype(self, dtype: str | None) -> DenseShape:
         """These layers under the engine's ``--dtype`` (vLLM's activation dtype, which its NVFP4
         linears, flashinfer's and b12x's, pass as the GEMM's output dtype: another kernel);
         ``auto`` (or None) keeps the checkpoint's. The CLI offers only what vLLM serves them in."""
@@ -228,7 +228,7 @@ class DenseShape:
         return replace(self, out_dtype=ACTIVATION_DTYPES[dtype])
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "DenseShape":
+    def from_dict(cls, d: dict[str, Any]) -> DenseShape:
         return cls(model=d["model"], linears=tuple(Linear(**lin) for lin in d["linears"]), out_dtype=d["out_dtype"],
                    quant_mode=d["quant_mode"], notes=tuple(d.get("notes", ())))
 

@@ -29,7 +29,7 @@ class Lines:
         self.postfix: dict[str, Any] = {}
         self._start = self._last = time.monotonic()
 
-    def __enter__(self) -> "Lines":
+    def __enter__(self) -> Lines:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -32,7 +32,8 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:

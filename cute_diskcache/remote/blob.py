@@ -106,7 +106,7 @@ def unpack(raw: bytes, namespace: str, digest: str) -> dict[str, bytes]:
             raw, raw=False, strict_map_key=True, use_list=True,
             max_bin_len=ingest.MAX_FILE_BYTES, max_str_len=1 << 16, max_map_len=MAX_FILES + 8, max_array_len=0, max_ext_len=0,
         )
-    except Exception as exc:  # msgpack raises several kinds; all mean the same here
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several kinds; all mean the same here
         raise entry.EntryError("remote", f"undecodable remote value: {type(exc).__name__}") from None
     if not (isinstance(doc, dict) and doc.get("format") == FORMAT):
         raise entry.EntryError("remote", "not a cute-diskcache remote entry")

@@ -43,7 +43,8 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 from .. import config
 from ..storage import entry, ingest, layout, reuse, stats
@@ -172,7 +173,7 @@ class RemoteCache:
             if self._backend is None and self._backend_error is None:
                 try:
                     self._backend = from_url(self.url, timeout=self.timeout)
-                except Exception as exc:  # RemoteError, or a client library that breaks on import
+                except Exception as exc:  # noqa: BLE001 - RemoteError, or a client library that breaks on import
                     self._backend_error = str(exc)
                     log.warning("cute-diskcache: %s disabled: %s", self.label, exc)
             self._ready.set()
@@ -210,7 +211,7 @@ class RemoteCache:
         def run() -> None:
             try:
                 box["value"] = fn(*args, **kwargs)
-            except BaseException as exc:  # carried to the caller
+            except BaseException as exc:  # noqa: BLE001 - carried to the caller
                 box["error"] = exc
             finally:
                 done.set()
@@ -322,7 +323,7 @@ class RemoteCache:
                 self._count(ns, "remote_errors")
                 self._warn_once("stage", "cute-diskcache: could not stage a remote entry locally (%s); compiling instead", exc)
                 return None, "bad"
-            except Exception as exc:  # a bug of ours must cost a compile, never the caller's kernel
+            except Exception as exc:  # noqa: BLE001 - a bug of ours must cost a compile, never the caller's kernel
                 self._count(ns, "remote_errors")
                 log.error("cute-diskcache: remote entry %s: %s: %s; compiling instead", key.digest[:12], type(exc).__name__, exc)
                 return None, "bad"

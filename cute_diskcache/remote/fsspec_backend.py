@@ -23,7 +23,8 @@ from __future__ import annotations
 import errno
 import os
 import time
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from . import RemoteError, redact
 
@@ -53,7 +54,7 @@ class FsspecBackend:
             return bytes(self._fs.cat_file(self._path(name)))
         except FileNotFoundError:
             return None
-        except Exception as exc:  # each filesystem raises its own kinds
+        except Exception as exc:  # noqa: BLE001 - each filesystem raises its own kinds
             raise RemoteError(f"{type(exc).__name__}: {exc}") from None
 
     def put(self, name: str, data: bytes, *, only_if_absent: bool) -> bool:
@@ -70,7 +71,7 @@ class FsspecBackend:
             else:
                 self._fs.pipe_file(path, data)
             return True
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - each filesystem raises its own kinds; callers handle one RemoteError
             raise RemoteError(f"{type(exc).__name__}: {exc}") from None
 
     def exists(self, name: str) -> bool:
@@ -81,7 +82,7 @@ class FsspecBackend:
             return bool(self._fs.exists(self._path(name)))
         except FileNotFoundError:
             return False
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - each filesystem raises its own kinds; callers handle one RemoteError
             raise RemoteError(f"{type(exc).__name__}: {exc}") from None
 
     # -- leases (S3 only) ---------------------------------------------------------------------
@@ -154,7 +155,7 @@ class FsspecBackend:
                 # Stale (its holder died): replace exactly that version, so one taker wins.
                 return bool(self._put_lease(name, holder, ttl, {"IfMatch": etag}))
             return False
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - each filesystem raises its own kinds; callers handle one RemoteError
             raise RemoteError(f"{type(exc).__name__}: {exc}") from None
 
     def lease_renew(self, name: str, holder: str, ttl: float) -> bool:
@@ -171,7 +172,7 @@ class FsspecBackend:
             raise RemoteError("lease renewal conflicted twice (409)")
         except RemoteError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - each filesystem raises its own kinds; callers handle one RemoteError
             raise RemoteError(f"{type(exc).__name__}: {exc}") from None
 
     def lease_release(self, name: str, holder: str) -> None:
@@ -187,7 +188,7 @@ class FsspecBackend:
                 # write raced the delete, and the lease ends within its TTL anyway.
                 if exc.errno != errno.EINVAL and not _conflict(exc):
                     raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - each filesystem raises its own kinds; callers handle one RemoteError
             raise RemoteError(f"{type(exc).__name__}: {exc}") from None
 
     def delete(self, name: str) -> None:
@@ -195,7 +196,7 @@ class FsspecBackend:
             self._fs.rm_file(self._path(name))
         except FileNotFoundError:
             pass
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - each filesystem raises its own kinds; callers handle one RemoteError
             raise RemoteError(f"{type(exc).__name__}: {exc}") from None
 
     def names(self, prefix: str) -> Iterator[str]:
@@ -204,7 +205,7 @@ class FsspecBackend:
             found = self._fs.find(base)
         except FileNotFoundError:
             return
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - each filesystem raises its own kinds; callers handle one RemoteError
             raise RemoteError(f"{type(exc).__name__}: {exc}") from None
         strip = self._base.lstrip("/") + "/"
         for path in found:

@@ -30,7 +30,8 @@ import logging
 import os
 import socket
 import threading
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 log = logging.getLogger("cute_diskcache")
 
@@ -81,7 +82,7 @@ class Lease:
         while not self._done.wait(self.ttl / 3):
             try:
                 still = self._call(self._timeout, self.backend.lease_renew, self.name, self.holder, self.ttl)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a failed renewal is retried; the lease is lost only when the backend says so
                 log.debug("lease %s: renewal failed (%s)", self.name, exc)
                 continue
             if not still:
@@ -95,5 +96,5 @@ class Lease:
         self._done.set()
         try:
             self._call(self._timeout, self.backend.lease_release, self.name, self.holder)
-        except Exception as exc:  # it expires on its own within one TTL
+        except Exception as exc:  # noqa: BLE001 - it expires on its own within one TTL
             log.debug("lease %s: release failed (%s); it expires within %.0f s", self.name, exc, self.ttl)

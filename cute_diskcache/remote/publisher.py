@@ -16,7 +16,8 @@ import os
 import queue
 import threading
 import time
-from typing import Callable, Generic, TypeVar
+from typing import Generic, TypeVar
+from collections.abc import Callable
 
 log = logging.getLogger("cute_diskcache")
 
@@ -71,7 +72,7 @@ class Publisher(Generic[Job]):
             job = q.get()
             try:
                 self._send(job)
-            except Exception as exc:  # a bug of ours must not end publishing for the process
+            except Exception as exc:  # noqa: BLE001 - a bug of ours must not end publishing for the process
                 log.error("cute-diskcache publisher: %s: %s", type(exc).__name__, exc)
             finally:
                 q.task_done()

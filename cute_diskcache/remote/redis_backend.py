@@ -12,7 +12,8 @@ several. A failed call is the breaker's to count, not the client's to repeat.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from . import RemoteError, redact
 

@@ -25,7 +25,8 @@ import tarfile
 import time
 import zlib
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from .. import _version
 from . import entry, ingest, layout, trust

@@ -10,7 +10,8 @@ needs a GPU, a DSL or a CUDA toolkit: the layout is plain ELF64 plus NVIDIA's do
 from __future__ import annotations
 
 import struct
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
+from collections.abc import Iterator
 
 EM_CUDA = 190
 _SHT_SYMTAB, _SHT_NOBITS = 2, 8

@@ -276,7 +276,7 @@ def unpack_manifest(raw: bytes, *, hmac_key: bytes | None = None) -> dict[str, A
     """
     try:
         outer = msgpack.unpackb(raw, raw=False, strict_map_key=True)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several kinds for damaged bytes; all mean a damaged manifest
         raise EntryError("manifest", f"undecodable: {type(exc).__name__}") from None
     if not (isinstance(outer, dict) and outer.get("seal") == "sha256" and isinstance(outer.get("body"), bytes)
             and isinstance(outer.get("sha256"), str)):
@@ -290,7 +290,7 @@ def unpack_manifest(raw: bytes, *, hmac_key: bytes | None = None) -> dict[str, A
             raise EntryError("signature", "signature does not match (another key, or the entry was altered)")
     try:
         manifest = msgpack.unpackb(outer["body"], raw=False, strict_map_key=True)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - msgpack raises several kinds for damaged bytes; all mean a damaged manifest
         raise EntryError("manifest", f"undecodable body: {type(exc).__name__}") from None
     if not isinstance(manifest, dict):
         raise EntryError("manifest", "not a map")

@@ -39,7 +39,7 @@ def why_missed(store: Any, key: CacheKey, *, refused: BaseException | None = Non
     """
     try:
         return _why(store, key, refused)
-    except Exception as exc:  # a reason is a courtesy: never the cause of a failure
+    except Exception as exc:  # noqa: BLE001 - a reason is a courtesy: never the cause of a failure
         return f"no entry for this kernel (reason not determined: {type(exc).__name__}: {exc})"
 
 

@@ -27,7 +27,8 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 from . import entry, eviction, layout
 
@@ -125,10 +126,9 @@ def trim_quarantine(root: Path) -> tuple[int, int]:
     items = eviction.quarantined(root)
     cap = eviction.max_size()
     budget = int(cap * QUARANTINE_SHARE) if cap > 0 else None
-    sizes = [layout.tree_bytes(p)[0] for _u, p in items]
-    total = sum(sizes)
+    total = sum(layout.tree_bytes(p)[0] for _u, p in items)
     freed = removed = 0
-    for (_used, path), size in zip(items, sizes):  # oldest first
+    for _used, path in items:  # oldest first
         if len(items) - removed <= QUARANTINE_MAX_ITEMS and (budget is None or total - freed <= budget):
             break
         freed += eviction.discard(root, path)

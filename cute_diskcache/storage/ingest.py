@@ -17,7 +17,8 @@ import hashlib
 import os
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 from . import entry, eviction, layout, trust
 from ..keys.key import encode
@@ -48,7 +49,7 @@ def check(entry_dir: Path, *, hmac_key: bytes | None = None) -> tuple[dict[str, 
         raise entry.EntryError("foreign", f"entry of namespace {manifest['namespace']!r} found at {entry_dir.parent.parent.name}/{entry_dir.parent.name}")
     try:
         env_digest = hashlib.sha256(encode(manifest["env"])).hexdigest()
-    except Exception as exc:  # a hostile env record: deep nesting, odd types
+    except Exception as exc:  # noqa: BLE001 - a hostile env record: deep nesting, odd types
         raise entry.EntryError("manifest", f"environment record not encodable: {type(exc).__name__}") from None
     if env_digest != manifest["env_digest"] or not manifest["namespace"].endswith("-" + env_digest[:12]):
         raise entry.EntryError("foreign", "environment record does not match its digest or namespace")

@@ -82,7 +82,7 @@ def runtime_libraries() -> tuple[str, ...]:
         from cutlass.cute.runtime import find_runtime_libraries
 
         return tuple(p for p in find_runtime_libraries(enable_tvm_ffi=True) if os.path.exists(p))
-    except Exception as exc:  # no DSL, or one laid out differently: the object path only
+    except Exception as exc:  # noqa: BLE001 - no DSL, or one laid out differently: the object path only
         log.debug("runtime libraries unknown: %s", exc)
         return ()
 
@@ -103,7 +103,7 @@ def preload() -> float:
                 import tvm_ffi  # noqa: F401  (wraps the function pointer)
 
                 _preloaded = len(libs) == 2
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - only a preload: the first load does it again and reports its own failure
                 log.debug("runtime preload failed: %s", exc)
                 _preloaded = False
     return time.perf_counter() - t0

@@ -48,7 +48,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 log = logging.getLogger("cute_diskcache")
 
@@ -215,7 +215,7 @@ def _acquire(root: Path, digest: str, timeout: float, label: str, shared: bool,
     try:
         _make_dirs(Path(root), path.parent, shared, group)
         fd = open_lock_file(path, 0o664 if shared else 0o600)
-    except Exception as exc:  # OSError (EACCES, ENOSPC, EROFS, a link at the path...)
+    except Exception as exc:  # noqa: BLE001 - OSError (EACCES, ENOSPC, EROFS, a link at the path...)
         log.debug("no single-flight lock for %s (%s: %s); compiling without it", label, type(exc).__name__, exc)
         return None, Flight(False, "unavailable")
     token = hold(fd)

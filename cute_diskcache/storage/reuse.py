@@ -42,7 +42,8 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
 
 import msgpack
 
@@ -76,13 +77,13 @@ class Plan:
     compile's recorded argument names).
     """
 
-    trace: Callable[[], "Traced"]
+    trace: Callable[[], Traced]
     context: str
     #: ``lower(decide)``: the same compile, traced once (:func:`..keys.trace.trace_then_lower`): stopped
     #: before lowering when ``decide(traced)`` finds the kernel, else lowered from that trace. None
     #: where the compile must go through someone else's wrapper of ``cute.compile`` (a JIT monitor
     #: must see it): there a lookup traces and a compile traces again.
-    lower: Callable[[Callable[["Traced"], bool]], Any] | None = None
+    lower: Callable[[Callable[[Traced], bool]], Any] | None = None
 
 
 def scope(env: Environment) -> str:
@@ -93,7 +94,7 @@ def scope(env: Environment) -> str:
     return f"{safe}-{digest[:12]}"
 
 
-def stage_two_key(key: CacheKey, traced: "Traced", context: str) -> str:
+def stage_two_key(key: CacheKey, traced: Traced, context: str) -> str:
     """The second-stage key: the traced IR (:attr:`..keys.trace.Traced.ir_digest`: the module without
     locations, the DSL's version digest, settings and compile options) and the function it
     exports, with what the IR does not determine: the DSL stack (tvm-ffi's wrapper and ABI are
@@ -137,7 +138,7 @@ def releases(root: Path, scope_name: str) -> list[str]:
         return []
 
 
-def possible(store: "Store", env: Environment) -> bool:
+def possible(store: Store, env: Environment) -> bool:
     """Whether a second-stage record of another release of this environment's scope could
     exist, here or in a layer: one directory listing per root, on a miss only. Without one a
     miss does not trace: a cache filled by this release alone (its first prewarm) never pays for
@@ -151,7 +152,7 @@ def possible(store: "Store", env: Environment) -> bool:
     return False
 
 
-def candidates(store: "Store", env: Environment, k2: str) -> Iterator[tuple["Store", Path]]:
+def candidates(store: Store, env: Environment, k2: str) -> Iterator[tuple[Store, Path]]:
     """The roots (this one, then each layer) and entry directories that records for ``k2`` name,
     in order: the caller links the first that serves (a stale record here must not hide a
     sound one in a layer). A record that does not open is skipped with one warning."""
@@ -164,7 +165,7 @@ def candidates(store: "Store", env: Environment, k2: str) -> Iterator[tuple["Sto
             raw = entry.read_bounded(path, _MAX_SEALED_BYTES, s.owner)
         except FileNotFoundError:
             continue
-        except Exception as exc:  # unreadable (a link, another uid's file): ignored, the next commit rewrites it
+        except Exception as exc:  # noqa: BLE001 - unreadable (a link, another uid's file): ignored, the next commit rewrites it
             _ignored(path, f"{type(exc).__name__}: {exc}")
             continue
         named = _opened(raw, k2, s.hmac_key)
@@ -174,7 +175,7 @@ def candidates(store: "Store", env: Environment, k2: str) -> Iterator[tuple["Sto
         yield s, layout.entry_dir(s.root, *named)
 
 
-def find(store: "Store", env: Environment, k2: str) -> tuple["Store", Path] | None:
+def find(store: Store, env: Environment, k2: str) -> tuple[Store, Path] | None:
     """The first of :func:`candidates`, or None."""
     return next(candidates(store, env, k2), None)
 
@@ -236,7 +237,7 @@ def _opened(value: bytes, k2: str, hmac_key: bytes | None) -> tuple[str, str] | 
             if not trust.record_signature_ok(hmac_key, k2, raw, sig):
                 return "signature does not match (another key, or the record was altered)"
         named = _named(raw)
-    except Exception as exc:  # damaged
+    except Exception as exc:  # noqa: BLE001 - damaged
         return f"undecodable: {type(exc).__name__}"
     return named if named is not None else "names nothing an entry could be"
 
@@ -253,7 +254,7 @@ def sealed_local_records(root: Path, hmac_key: bytes | None) -> Iterator[tuple[s
             continue
         try:
             value = entry.read_bounded(path, _MAX_SEALED_BYTES, None)
-        except Exception as exc:  # damaged: not published
+        except Exception as exc:  # noqa: BLE001 - damaged: not published
             _ignored(path, f"{type(exc).__name__}: {exc}")
             continue
         named = _opened(value, k2, hmac_key)
@@ -276,7 +277,7 @@ def open_sealed(value: bytes, k2: str, hmac_key: bytes | None, where: str | None
     return named
 
 
-def write_record(store: "Store", key: CacheKey, k2: str) -> bool:
+def write_record(store: Store, key: CacheKey, k2: str) -> bool:
     """Record that ``k2`` is ``key``'s entry (atomic; an existing record is replaced: the newest
     entry is the one an old release's prune leaves), sealed for ``k2`` and signed with the
     store's key (:func:`sealed_record`). False when the root refused."""
@@ -338,7 +339,7 @@ class NotReusable(Exception):
     """The entry a record names cannot serve this key (gone, damaged, another environment)."""
 
 
-def link(store: "Store", key: CacheKey, source_store: "Store", source: Path) -> dict[str, Any]:
+def link(store: Store, key: CacheKey, source_store: Store, source: Path) -> dict[str, Any]:
     """Write ``key``'s entry in ``store`` from the entry at ``source`` (in ``source_store``: this
     root or a layer) and return its manifest; raises :class:`NotReusable` or ``OSError``.
 

@@ -41,7 +41,8 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
+from collections.abc import Iterable
 
 import msgpack
 
@@ -402,7 +403,7 @@ def _parse(raw: bytes) -> dict[str, dict[str, float]]:
             continue
         values = struct.unpack_from(f"<{nfields}d", raw, at + _NAME_BYTES)
         rec = out.setdefault(name.decode("utf-8", "replace"), {})
-        for f, v in zip(FIELDS, values):
+        for f, v in zip(FIELDS, values, strict=False):  # a newer writer may hold more fields; these are the ones known here
             if v == v and v:  # skip NaN and zeros
                 rec[f] = rec.get(f, 0.0) + v
     return out
@@ -429,7 +430,7 @@ def _load(path: Path) -> _Loaded | None:
     try:  # the msgpack format: compacted files, memory files, and files of earlier versions
         doc = msgpack.unpackb(raw, raw=False)
         counts = {str(ns): {str(f): float(v) for f, v in c.items() if f in FIELDS} for ns, c in doc["counts"].items()}
-    except Exception:  # a foreign or damaged file counts as nothing
+    except Exception:  # noqa: BLE001 - a foreign or damaged file counts as nothing
         return {}, frozenset()
     absorbed = doc.get("absorbed") if path.name.startswith(_COMPACTED) else None
     if not isinstance(absorbed, list):

@@ -38,7 +38,8 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 from . import entry, eviction, housekeeping, layout, locking, stats, trust
 from ..keys import hostcpu
@@ -96,7 +97,7 @@ class Store:
     # -- paths --------------------------------------------------------------------------------
 
     @classmethod
-    def for_settings(cls, settings: Any, root: Path | None = None, *, layers: bool = True) -> "Store":
+    def for_settings(cls, settings: Any, root: Path | None = None, *, layers: bool = True) -> Store:
         """The store the settings describe (``root``: another root, e.g. a CLI's ``--root``).
 
         Every door builds its store here, so the engine, ``stats``, ``verify`` and ``import``
@@ -280,7 +281,7 @@ class Store:
             return None
         return None
 
-    def judge(self, key: CacheKey, *, load: bool = False) -> "Found | Refusal | None":
+    def judge(self, key: CacheKey, *, load: bool = False) -> Found | Refusal | None:
         """What this root holds for ``key``, judged and never acted on: a verified entry, why it
         would be refused, or None (no entry).
 
@@ -490,7 +491,7 @@ class Store:
             return
         try:
             housekeeping.maintain(self.root, shared=self.bookkeeping_shared, group=self.trust_group)
-        except Exception as exc:  # bookkeeping must never cost a kernel
+        except Exception as exc:  # noqa: BLE001 - bookkeeping must never cost a kernel
             log.debug("maintenance of %s skipped: %s", self.root, exc)
 
     @contextlib.contextmanager
@@ -548,7 +549,7 @@ class Found(tuple):  # type: ignore[type-arg]
 
     role: str
 
-    def __new__(cls, manifest: dict[str, Any], data: bytes, role: str = "object") -> "Found":
+    def __new__(cls, manifest: dict[str, Any], data: bytes, role: str = "object") -> Found:
         found = super().__new__(cls, (manifest, data))
         found.role = role
         return found
@@ -565,7 +566,7 @@ def side_data_refusal(extra: Any, extra_ok: Callable[[dict[str, Any]], bool] | N
         return None
     try:
         accepted = bool(extra_ok(extra))
-    except Exception:
+    except Exception:  # noqa: BLE001 - the adapter's checker tripping over odd data has answered no
         accepted = False
     return None if accepted else entry.EntryError("extra", "its side data is not of the shape this version stores")
 

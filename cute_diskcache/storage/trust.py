@@ -165,7 +165,7 @@ class Owner(int):
 
     group: int | None
 
-    def __new__(cls, euid: int, group: int | None = None) -> "Owner":
+    def __new__(cls, euid: int, group: int | None = None) -> Owner:
         obj = super().__new__(cls, euid)
         obj.group = group
         return obj
