@@ -140,16 +140,45 @@ def _plan_b12x(args: argparse.Namespace, root: Path) -> tuple[str, list[str], li
     return dense.model, [], rows
 
 
+def _plan_b12x_moe(args: argparse.Namespace, root: Path) -> tuple[str, list[str], list[dict[str, Any]]]:
+    """(model, notes, judged rows) of ``--moe-backend b12x``: the kernels of the launches of vLLM's
+    b12x MoE warm-up as ``prewarm --moe-backend b12x`` plans them (:func:`..prewarm.b12x_moe.requests`)."""
+    from ..prewarm import b12x_moe
+    from ..b12x_sites import adapter
+
+    try:
+        layer, mode, counts = b12x_moe.resolve(args)
+    except b12x_moe.Refused as exc:
+        raise CliError(str(exc)) from None
+    if adapter.left_to_b12x():
+        raise CliError(f"{config.env_name('native_sites')} names b12x: b12x's kernels are kept by b12x's own disk "
+                       "cache, which check does not judge")
+    kernels: dict[str, prewarm.Kernel] = {}
+    with _read_only_settings(str(root)):
+        for tokens, requests in b12x_moe.requests(args, layer, mode, counts):
+            for r in requests:
+                k = kernels.setdefault(r["digest"], prewarm.Kernel(r["digest"], r["site"].removeprefix("b12x."), key=r["key"],
+                                                                   group="b12x-moe", call={"mode": mode, "tokens": tokens},
+                                                                   extra_ok=r["extra_ok"]))
+                k.ms.append(tokens)
+        if not kernels:
+            raise CliError(f"b12x requested no MoE kernel cute-diskcache covers for {args.model}; nothing to check")
+        rows = judge(kernels)
+    return str(args.model), [], rows
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     root, source = root_of(args)
     plan = _plan_b12x if getattr(args, "linear_backend", "flashinfer") == "b12x" else _plan_flashinfer
+    plan = _plan_b12x_moe if getattr(args, "moe_backend", "flashinfer_b12x") == "b12x" else plan
     model, notes, rows = plan(args, root)
     bad = [r for r in rows if r["status"] != coverage.OK]
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in (coverage.OK, coverage.MISSING, coverage.UNUSABLE)}
     lacks = sorted({f for r in rows for f in r["cpu_lacks"]})
     if args.json:
         print_json({"root": str(root), "root_source": source, "model": model, "target": args.target,
-                    "linear_backend": getattr(args, "linear_backend", "flashinfer"), "notes": notes,
+                    "linear_backend": getattr(args, "linear_backend", "flashinfer"),
+                    "moe_backend": getattr(args, "moe_backend", "flashinfer_b12x"), "notes": notes,
                     "host_machine": hostmachine.current(), "host_cpu_checked": not hostmachine.cross(),
                     "ok": not bad, "counts": counts, "host_cpu_lacks": lacks, "kernels": rows})
         return 1 if bad else 0

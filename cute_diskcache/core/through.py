@@ -93,6 +93,9 @@ class Site:
 
 #: While planning (see :func:`planning`), sites record their key here instead of compiling.
 PLAN: list[dict[str, Any]] | None = None
+#: Set by :func:`launching_nothing`: a compile goes through the cache as when serving, but the
+#: library gets a kernel that launches nothing.
+INERT = False
 
 
 class PlannedKernel:
@@ -131,6 +134,20 @@ def planning() -> Iterator[list[dict[str, Any]]]:
         yield PLAN
     finally:
         PLAN = None
+
+
+@contextlib.contextmanager
+def launching_nothing() -> Iterator[None]:
+    """Compile (or hit) every kernel the libraries ask for, and hand each back as one that launches
+    nothing: for an offline driver that reaches a library's compiles only through its launch path
+    (b12x's MoE compiles inside its run), with no card to launch on. As with :func:`planning`, the
+    library memoises the stand-ins, so the process must not serve afterwards."""
+    global INERT
+    INERT = True
+    try:
+        yield
+    finally:
+        INERT = False
 
 
 def planned_requests(requested: list[dict[str, Any]], calls: Iterable[tuple[Any, int]],
@@ -218,6 +235,8 @@ def _through_cache(site: Site, call: Call, compile_fn: Callable[[], Any], cache_
         extra_fn = (lambda kernel: site.extra(kernel, call)) if site.extra else None
         reuse = (lambda: _plan(site, call, collecting)) if site.reuse is not None else None
         kernel, extra = cache.get_or_compile(key, compile_fn, extra_fn=extra_fn, extra_ok=site.extra_ok, reuse=reuse)
+        if INERT:
+            return PlannedKernel(key.digest)
     if site.adapt is not None and not planned(kernel):
         kernel = site.adapt(kernel, extra, call)
     if site.deliver is not None:  # after adapt: side data answers for the object the library gets

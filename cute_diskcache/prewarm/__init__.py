@@ -504,6 +504,7 @@ def argv_of_plan(args: argparse.Namespace) -> list[str]:
     out += ["--no-dense"] if not args.dense else []
     out += ["--no-autotune"] if not args.autotune else []
     out += ["--linear-backend", "b12x"] if getattr(args, "linear_backend", "flashinfer") == "b12x" else []
+    out += ["--moe-backend", "b12x"] if getattr(args, "moe_backend", "flashinfer_b12x") == "b12x" else []
     return out
 
 
@@ -571,6 +572,9 @@ def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--linear-backend", choices=("flashinfer", "b12x"), default="flashinfer",
                     help="whose dense NVFP4 linear kernels: flashinfer's b12x GEMM (default) or the b12x package's "
                          "(vLLM's --linear-backend b12x; needs b12x installed and --target)")
+    ap.add_argument("--moe-backend", choices=("flashinfer_b12x", "b12x"), default="flashinfer_b12x",
+                    help="whose fused-MoE kernels: flashinfer's b12x MoE (default) or the b12x package's (vLLM's "
+                         "--moe-backend b12x; its MoE kernels only; needs b12x installed and --target)")
     ap.add_argument("--no-autotune", dest="autotune", action="store_false",
                     help="the engine does not autotune flashinfer (vLLM: enable_flashinfer_autotune=False, -O0): plan "
                          "only the dense GEMM's default tactics, not every tactic the tuner runs")
@@ -795,6 +799,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.list_models:
         print("\n".join(models.bundled()))
         return 0
+    if getattr(args, "moe_backend", "flashinfer_b12x") == "b12x":
+        from . import b12x_moe
+
+        return b12x_moe.run(args)
     if getattr(args, "linear_backend", "flashinfer") == "b12x":
         from . import b12x as prewarm_b12x
 
