@@ -53,8 +53,6 @@ class Settings:
     native_sites: str = "cute-diskcache"  # who serves flashinfer >= 0.6.18's natively cached sites
     max_size: int = 5 * 10**9  # bytes; 0 = no cap
     remote_unsigned: bool = False  # accept remote entries without an HMAC signature (explicit opt-in)
-    target_force: bool = False  # apply a target profile even with a CUDA device visible
-    shared_objects: bool = True  # link a shared object at a miss and load it on a hit
 
 
 #: name -> (environment variable, default, meaning). The README's table is made from this.
@@ -484,6 +482,4 @@ def load() -> Settings:
         native_sites=_native_sites_env(),
         max_size=max_size(),
         remote_unsigned=flag("remote_unsigned"),
-        target_force=flag("target_force"),
-        shared_objects=flag("shared_objects"),
     )

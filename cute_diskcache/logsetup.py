@@ -88,7 +88,3 @@ def configure() -> None:
         logger.setLevel(LEVELS[DEFAULT_LEVEL])
     if not any(isinstance(h, FallbackHandler) for h in logger.handlers):
         logger.addHandler(FallbackHandler())
-
-
-def enabled_for(level: int) -> bool:
-    return logging.getLogger(LOGGER).isEnabledFor(level)

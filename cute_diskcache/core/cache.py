@@ -257,7 +257,7 @@ class CompileCache:
                     # One bound for the whole wait (docs/fleets.md): what the local lock took is
                     # not given again to the fleet's lease (a timed-out local wait waited twice).
                     left = max(0.0, self.lock_timeout - flight.waited_seconds)
-                    with self.remote.flight(key, self.store, left):
+                    with self.remote.flight(key, left):
                         hit = self._try_hit(key, remote=True, extra_ok=extra_ok)
                         if hit is not None:
                             return hit
@@ -286,7 +286,7 @@ class CompileCache:
                 self.counters.errors += 1
             found = None
         if found is not None:
-            manifest, data = found
+            manifest = found[0]
             why = side_data_refusal(manifest["extra"], extra_ok)
             if why is not None:
                 self._refused[key.digest] = why

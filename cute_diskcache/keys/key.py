@@ -353,10 +353,6 @@ def _file_facts(path: str, size: int, mtime_ns: int) -> tuple[str, tuple[str, ..
     return hashlib.sha256(data).hexdigest(), env_reads(data) if path.endswith(".py") else ()
 
 
-def _file_digest(path: str, size: int, mtime_ns: int) -> str:
-    return _file_facts(path, size, mtime_ns)[0]
-
-
 def module_code(mod: ModuleType) -> tuple[str, tuple[str, ...], tuple[Any, ...]] | None:
     """``(digest, environment reads, stamp)`` of one module's code; None for a namespace package.
 

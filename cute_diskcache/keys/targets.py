@@ -307,10 +307,3 @@ def apply(profile: DeviceProfile | str, *, force: bool = False) -> DeviceProfile
     _active = p
     log.info("compiling for target profile %s (%s, %d SMs)", p.name, p.arch, p.sm_count)
     return p
-
-
-def apply_from_env() -> DeviceProfile | None:
-    from .. import config
-
-    name = config.text("target")
-    return apply(name) if name else None

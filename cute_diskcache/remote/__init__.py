@@ -170,7 +170,7 @@ class LazyRemote:
         real = self.get()
         if pending is not None:  # inside flight(): the real client's flight, entered now, left with ours
             wait, stack = pending
-            stack.enter_context(real.flight(key, store, wait))
+            stack.enter_context(real.flight(key, wait))
         return real.fetch(key, store)
 
     def publish(self, key: CacheKey, entry_dir: Path) -> None:
@@ -186,7 +186,7 @@ class LazyRemote:
         return self.get().reuse_source(env, k2, store)
 
     @contextlib.contextmanager
-    def flight(self, key: CacheKey, store: Store, wait: float) -> Iterator[None]:
+    def flight(self, key: CacheKey, wait: float) -> Iterator[None]:
         """:meth:`.client.RemoteCache.flight`, the client built at the first :meth:`fetch` inside
         it: the caller's timing of that fetch then includes building it, as without a flight
         (``remote_setup_seconds`` counts it; bench/remote.py takes it out of the first hit)."""

@@ -510,7 +510,7 @@ class RemoteCache:
         return present
 
     @contextlib.contextmanager
-    def flight(self, key: CacheKey, store: Store, wait: float) -> Iterator[None]:
+    def flight(self, key: CacheKey, wait: float) -> Iterator[None]:
         """The fleet-wide single-flight of ``key`` around a local miss's remote fetch and compile.
 
         Inside the block, the first :meth:`fetch` of ``key`` on this thread is
@@ -629,7 +629,7 @@ class RemoteCache:
         if known is not None:
             return known
         t0 = time.perf_counter()
-        ready, backend = self._backend_within(SETUP_WAIT_S)
+        _ready, backend = self._backend_within(SETUP_WAIT_S)
         if backend is None or not self.breaker.healthy() or not self.breaker.allow():
             return False
         prefix = blob.record_marker_prefix(self.prefix, name)
@@ -657,7 +657,7 @@ class RemoteCache:
         t0 = time.perf_counter()
         staged: Path | None = None
         try:
-            ready, backend = self._backend_within(0)
+            _ready, backend = self._backend_within(0)
             if backend is None or not self.breaker.healthy() or not self.breaker.allow():
                 return None
             try:
