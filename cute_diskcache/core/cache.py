@@ -92,7 +92,7 @@ class Counters:
     lock_waits: int = 0  # misses that waited for another process compiling the same kernel
     lock_wait_seconds: float = 0.0
     shared_loads: int = 0  # hits loaded from the linked shared object (the rest: the DSL's object loader)
-    # issue 31: misses served by another release's entry with the same traced IR (not in hits or
+    # second-stage reuse (issue 31): misses served by another release's entry with the same traced IR (not in hits or
     # misses), with their seconds (trace + link + load); traces made on misses to look for one
     reused: int = 0
     reuse_seconds: float = 0.0

@@ -580,7 +580,7 @@ class RemoteCache:
             self._count(ns, "remote_bytes_out", len(value) + len(part))
             log.debug("published %s (%d bytes)%s", name, len(value), " over a rejected copy" if overwrite else "")
 
-    # -- second-stage records (issue 31, :mod:`..storage.reuse`) ---------------------------------------
+    # -- second-stage records: reuse across releases (:mod:`..storage.reuse`, issue 31) ---------------
     #
     # A node of a fleet upgraded to a new flashinfer release finds, after its first-stage miss
     # (local, then remote), the kernel another release compiled with the same traced IR: the

@@ -75,7 +75,7 @@ FIELDS = (
     "prewarm_compiles",
     "prewarm_compile_seconds",
     "prewarm_hits",
-    # issue 31: first-stage misses served by another release's entry with the same traced IR
+    # second-stage reuse (issue 31): first-stage misses served by another release's entry with the same traced IR
     # (neither hits nor misses), the traces a miss made to look, and prewarm's reuses apart
     "reused",
     "reuse_seconds",
