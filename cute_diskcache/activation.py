@@ -1,9 +1,10 @@
-"""Activation: get the adapter into flashinfer with no change to the serving engine.
+"""Activation: put the cache under every CuTe-DSL compile of the libraries we know (flashinfer,
+b12x) with no change to the serving engine.
 
 Three doors lead here, all idempotent: the ``.pth`` bootstrap (``FLASHINFER_B12X_DISK_CACHE=1``),
-vLLM's ``vllm.general_plugins`` entry point, and ``cute_diskcache.install()``. flashinfer may
+vLLM's ``vllm.general_plugins`` entry point, and ``cute_diskcache.install()``. A library may
 already be imported, or be imported later (often much later, inside an engine's worker), so we
-patch what is loaded now and put an import hook in place for what is not.
+attach to what is loaded now and put an import hook in place for what is not.
 """
 
 from __future__ import annotations
@@ -186,10 +187,10 @@ def set_target(name: str | None) -> None:
 
 
 def install(target: str | None = None) -> None:
-    """Attach the disk cache to flashinfer's sm12x MoE compiles, now and on later import.
+    """Attach the disk cache to flashinfer's and b12x's CuTe-DSL compiles, now and on later import.
 
     ``target`` (or ``CUTE_DISKCACHE_TARGET``) names a device profile to compile for when the
-    card is not present; it must be chosen before flashinfer is imported.
+    card is not present; it must be chosen before flashinfer or b12x is imported.
     """
     import os  # not config: this runs at interpreter start, where its imports (dataclasses...) would cost every process
 
@@ -212,7 +213,7 @@ def install(target: str | None = None) -> None:
 
 
 def uninstall() -> None:
-    """Detach: remove the import hook and restore moe_dispatch's own ``cute``."""
+    """Detach: remove the import hook, put back what each adapter replaced, and take the hook off ``cute.compile``."""
     global _finder, _cache_on
     with _lock:
         _cache_on = False

@@ -32,186 +32,57 @@ def env_flag(name: str, default: bool = False) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """A snapshot of the configuration; see :data:`SETTINGS_DOC` for each field."""
+    """A snapshot of the configuration: each field is the setting of that name in :data:`SETTINGS`."""
 
     enabled: bool
     root: Path
     root_source: str
     target: str | None
     readonly: bool
-    single_flight: bool = True
-    lock_timeout: float = 300.0
-    trust_shared: bool = False
-    trust_group: int | None = None  # a gid whose members may write the root (CUTE_DISKCACHE_TRUST_GROUP)
-    read_dirs: tuple[Path, ...] = ()  # read-only roots looked up after ``root`` (CUTE_DISKCACHE_READ_DIRS)
-    hmac_key: bytes | None = dataclasses.field(default=None, repr=False)  # a secret: never in a repr or log
-    remote: str | None = dataclasses.field(default=None, repr=False)  # a URL may carry a password
-    remote_readonly: bool = False
-    remote_timeout: float = 1.0
-    remote_prefix: str = "cute-diskcache"
-    remote_cooldown: float = 30.0
-    native_sites: str = "cute-diskcache"  # who serves flashinfer >= 0.6.18's natively cached sites
-    max_size: int = 5 * 10**9  # bytes; 0 = no cap
-    remote_unsigned: bool = False  # accept remote entries without an HMAC signature (explicit opt-in)
+    single_flight: bool
+    lock_timeout: float
+    trust_shared: bool
+    trust_group: int | None  # a gid whose members may write the root
+    read_dirs: tuple[Path, ...]  # read-only roots looked up after ``root``
+    hmac_key: bytes | None = dataclasses.field(repr=False)  # a secret: never in a repr or log
+    remote: str | None = dataclasses.field(repr=False)  # a URL may carry a password
+    remote_readonly: bool
+    remote_timeout: float
+    remote_prefix: str
+    remote_cooldown: float
+    native_sites: str  # who serves flashinfer >= 0.6.18's natively cached sites
+    max_size: int  # bytes; 0 = no cap
+    remote_unsigned: bool  # accept remote entries without an HMAC signature (explicit opt-in)
 
 
-#: name -> (environment variable, default, meaning). The README's table is made from this.
-SETTINGS_DOC: dict[str, tuple[str, str, str]] = {
-    "enabled": (ENABLE_ENV, "0", "1 turns the cache on at interpreter start (via the .pth hook) and in vLLM's plugin."),
-    "root": (
-        "CUTE_DISKCACHE_DIR",
-        "see 'Where files go'",
-        "Cache root. Else $FLASHINFER_WORKSPACE_DIR/cute_diskcache, else "
-        "${FLASHINFER_WORKSPACE_BASE:-~}/.cache/flashinfer/cute_diskcache when flashinfer is "
-        "installed, else the platformdirs user cache dir.",
-    ),
-    "target": (
-        "CUTE_DISKCACHE_TARGET",
-        "unset",
-        "Name of a device profile (rtx-pro-6000, rtx-5090, ...) to compile for a card that is not present.",
-    ),
-    "host_cpu": (
-        "CUTE_DISKCACHE_HOST_CPU",
-        "portable",
-        "Which CPU the host code of a new entry is written for: portable (x86-64-v2 on x86_64, armv8-a on aarch64: "
-        "any serving host runs it), native (tuned for this CPU and recorded as such: only CPUs with every extension "
-        "it has load it), or a baseline by name (x86-64-v2, x86-64-v3, x86-64-v4, armv8-a). Hits judge each entry "
-        "by what it records, whatever this says.",
-    ),
-    "readonly": (
-        "CUTE_DISKCACHE_READONLY",
-        "0",
-        "1 serves hits but never writes, locks or quarantines; misses compile in memory. A root we "
-        "cannot write (read-only mount, no permission) is detected at the first miss and treated the same, with one warning.",
-    ),
-    "single_flight": (
-        "CUTE_DISKCACHE_SINGLE_FLIGHT",
-        "1",
-        "When several processes miss the same kernel, one compiles and the others wait for its entry "
-        "(flock under <root>/locks/). 0 lets every process compile.",
-    ),
-    "lock_timeout": (
-        "CUTE_DISKCACHE_LOCK_TIMEOUT",
-        "300",
-        "Seconds a process waits for another one compiling the same kernel before it warns once and compiles it too. "
-        "Every setting in seconds takes a finite number >= 0 (else its default, with one warning), at most 86400.",
-    ),
-    "trust_shared": (
-        "CUTE_DISKCACHE_TRUST_SHARED",
-        "0",
-        "1 uses a root (or v1/, locks/) that another user owns or that group/others can write. Without it such a "
-        "root is refused with one log line: nothing is read from it or written to it. A root owned by root that this "
-        "uid cannot write (an image baked by docker build) needs no setting: it is served read-only.",
-    ),
-    "trust_group": (
-        "CUTE_DISKCACHE_TRUST_GROUP",
-        "unset",
-        "A group (gid or name) whose members are trusted writers, narrower than TRUST_SHARED: a level that group may "
-        "write, or that it owns, is used; one others may write, another group, or a POSIX ACL entry for anyone else, is "
-        "still refused. For a Kubernetes fsGroup volume (group-owned, setgid, mode 2775): set it to the fsGroup. "
-        "Directories we create get that group and mode 2775. Not a gid below 4294967295 nor a known name: no group, one warning.",
-    ),
-    "read_dirs": (
-        "CUTE_DISKCACHE_READ_DIRS",
-        "unset",
-        "Colon-separated read-only cache roots looked up after CUTE_DISKCACHE_DIR, in order (as XDG_DATA_DIRS after "
-        "XDG_DATA_HOME): an image-baked cache under a writable volume. A hit is loaded from the layer that has it; "
-        "new entries go to CUTE_DISKCACHE_DIR; a layer is never written or quarantined. Absolute paths only (a relative "
-        "one is ignored, with one warning); a missing one is said once. stats/list/verify see CUTE_DISKCACHE_DIR only.",
-    ),
-    "hmac_key": (
-        "CUTE_DISKCACHE_HMAC_KEY",
-        "unset",
-        "Secret that signs every entry written (HMAC-SHA256 over the manifest, which holds every payload's "
-        "sha256). When set, an unsigned or badly signed entry is a miss, never loaded, and stays where it is (it "
-        "may be for hosts holding another key); this process's compile rewrites it signed.",
-    ),
-    "remote": (
-        "CUTE_DISKCACHE_REMOTE",
-        "unset",
-        "A shared store behind the local cache (redis://host:6379/0, or an fsspec URL: s3://bucket/path, file:///mnt/x). "
-        "A local miss fetches, verifies and stores the entry; a compile publishes it in the background. "
-        "See 'Sharing a cache across a fleet'.",
-    ),
-    "remote_unsigned": (
-        "CUTE_DISKCACHE_REMOTE_UNSIGNED",
-        "0",
-        "The remote tier is off unless CUTE_DISKCACHE_HMAC_KEY is set: whoever can write the remote store could "
-        "otherwise ship native code to every node. 1 accepts unsigned remote entries anyway (one warning per process), "
-        "for a store only trusted writers can reach.",
-    ),
-    "remote_readonly": (
-        "CUTE_DISKCACHE_REMOTE_READONLY",
-        "0",
-        "1 fetches from the remote but never publishes to it (nodes that must not write the fleet's cache).",
-    ),
-    "remote_timeout": (
-        "CUTE_DISKCACHE_REMOTE_TIMEOUT",
-        "1",
-        "Seconds one remote fetch may take, everything included; a publish (off the request path) gets 5 times that. "
-        "Raise it for a distant object store.",
-    ),
-    "remote_prefix": (
-        "CUTE_DISKCACHE_REMOTE_PREFIX",
-        "cute-diskcache",
-        "Prefix of every remote object name (<prefix>/v1/<namespace>/<digest>): fleets that must not share entries use different ones.",
-    ),
-    "remote_cooldown": (
-        "CUTE_DISKCACHE_REMOTE_COOLDOWN",
-        "30",
-        "Seconds the remote is left alone after 3 failed calls in a row; then one call probes it.",
-    ),
-    "remote_lease": (
-        "CUTE_DISKCACHE_REMOTE_LEASE",
-        "1",
-        "1: a node that misses locally and on the remote takes the kernel's lease there (Redis, S3) and the other nodes "
-        "wait for its entry, so a fleet compiles each kernel once; 0: nodes that miss together each compile.",
-    ),
-    "max_size": (
-        "CUTE_DISKCACHE_MAX_SIZE",
-        "5G",
-        "Size cap (500M, 5G, 2GiB; K/M/G/T decimal, Ki/Mi/Gi/Ti binary, as in ccache; 0 = no cap). Entries, the "
-        "quarantine, staging, trash and statistics all count. Least-recently-used entries go first.",
-    ),
-    "target_force": (
-        "CUTE_DISKCACHE_TARGET_FORCE",
-        "0",
-        "A target profile stands in for torch.cuda's device queries for the whole process, so it is refused (one "
-        "warning; prewarm exits 2) when a CUDA device is visible. 1 applies it anyway.",
-    ),
-    "shared_objects": (
-        "CUTE_DISKCACHE_SHARED_OBJECTS",
-        "1",
-        "1: a miss of a tvm-ffi kernel also links its object into a shared object (needs a C compiler, cc or $CC; "
-        "20-80 ms), and a hit loads that (dlopen, ~0.5 ms) instead of the DSL's object loader (~4 ms). 0: the object "
-        "alone, as before (entries with a shared object are still read).",
-    ),
-    "native_sites": (
-        "CUTE_DISKCACHE_NATIVE_SITES",
-        "cute-diskcache",
-        "Who serves the static, micro and dynamic MoE kernels that flashinfer >= 0.6.18 caches itself. "
-        "cute-diskcache: our cache, keyed without torch's build (flashinfer's own key has it, so a cache prewarmed "
-        "with a CPU torch misses on the GPU box); flashinfer's cached_ops is then neither read nor written for them. "
-        "flashinfer: flashinfer's own cache, as without cute-diskcache. A comma list of libraries whose own caches "
-        "keep their kernels: flashinfer, b12x (b12x: the b12x package's compiles go to b12x's own disk cache, "
-        "B12X_COMPILE_DISK_CACHE, and ours stays out of them; by default ours serves them and b12x's stands aside).",
-    ),
-    "on_miss": (
-        "CUTE_DISKCACHE_ON_MISS",
-        "compile",
-        "What a kernel missing from the cache does in a serving process. compile: compile it (and store it), with one "
-        "WARNING naming the site, the kernel and why it missed. warn: the same (vLLM's --jit-monitor-mode word). error: "
-        "raise cute_diskcache.CacheMissError naming the kernel and why, compiling, locking and writing nothing (CI gates, "
-        "canaries, a baked image that must be complete); the remote tier is not asked.",
-    ),
-    "log_level": (
-        "CUTE_DISKCACHE_LOG_LEVEL",
-        "info",
-        "debug|info|warning|error|off. At info a serving process logs one line when the cache attaches (root, read-only "
-        "or not, entries for this stack) and a summary at exit; every compile is a WARNING. Printed to stderr as "
-        "'[cute-diskcache] LEVEL ...' unless the process configured a handler for the cute_diskcache logger or root "
-        "(then through theirs). Unset, a level the application set on that logger is kept.",
-    ),
+#: name -> (environment variable, default as docs/settings.md writes it). This is where each
+#: default lives; what a setting means is docs/settings.md's table alone (tests/test_docs.py holds
+#: the two together: a row per setting, the same default).
+SETTINGS: dict[str, tuple[str, str]] = {
+    "enabled": (ENABLE_ENV, "0"),
+    "root": ("CUTE_DISKCACHE_DIR", "see Where files go"),
+    "target": ("CUTE_DISKCACHE_TARGET", "unset"),
+    "host_cpu": ("CUTE_DISKCACHE_HOST_CPU", "portable"),
+    "readonly": ("CUTE_DISKCACHE_READONLY", "0"),
+    "single_flight": ("CUTE_DISKCACHE_SINGLE_FLIGHT", "1"),
+    "lock_timeout": ("CUTE_DISKCACHE_LOCK_TIMEOUT", "300"),
+    "trust_shared": ("CUTE_DISKCACHE_TRUST_SHARED", "0"),
+    "trust_group": ("CUTE_DISKCACHE_TRUST_GROUP", "unset"),
+    "read_dirs": ("CUTE_DISKCACHE_READ_DIRS", "unset"),
+    "hmac_key": ("CUTE_DISKCACHE_HMAC_KEY", "unset"),
+    "remote": ("CUTE_DISKCACHE_REMOTE", "unset"),
+    "remote_unsigned": ("CUTE_DISKCACHE_REMOTE_UNSIGNED", "0"),
+    "remote_readonly": ("CUTE_DISKCACHE_REMOTE_READONLY", "0"),
+    "remote_timeout": ("CUTE_DISKCACHE_REMOTE_TIMEOUT", "1"),
+    "remote_prefix": ("CUTE_DISKCACHE_REMOTE_PREFIX", "cute-diskcache"),
+    "remote_cooldown": ("CUTE_DISKCACHE_REMOTE_COOLDOWN", "30"),
+    "remote_lease": ("CUTE_DISKCACHE_REMOTE_LEASE", "1"),
+    "max_size": ("CUTE_DISKCACHE_MAX_SIZE", "5G"),
+    "target_force": ("CUTE_DISKCACHE_TARGET_FORCE", "0"),
+    "shared_objects": ("CUTE_DISKCACHE_SHARED_OBJECTS", "1"),
+    "native_sites": ("CUTE_DISKCACHE_NATIVE_SITES", "cute-diskcache"),
+    "on_miss": ("CUTE_DISKCACHE_ON_MISS", "compile"),
+    "log_level": ("CUTE_DISKCACHE_LOG_LEVEL", "info"),
 }
 
 
@@ -306,7 +177,7 @@ def left_to_library(library: str, native_sites: str | None = None) -> bool:
     return library in (native_sites if native_sites is not None else _native_sites_env()).split(",")
 
 
-DEFAULT_MAX_SIZE = "5G"
+DEFAULT_MAX_SIZE = SETTINGS["max_size"][1]
 _UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT][iI]?)?[bB]?\s*$")
 
@@ -345,7 +216,7 @@ def max_size() -> int:
 
 def env_name(field: str) -> str:
     """The environment variable of one setting (a KeyError for a setting the table lacks)."""
-    return SETTINGS_DOC[field][0]
+    return SETTINGS[field][0]
 
 
 def flag(field: str) -> bool:
@@ -354,8 +225,14 @@ def flag(field: str) -> bool:
     For code that needs a single switch on its own path (the loader at a hit, a target profile
     at start-up) without resolving the whole :class:`Settings` (which looks for flashinfer).
     """
-    name, default, _meaning = SETTINGS_DOC[field]
+    name, default = SETTINGS[field]
     return env_flag(name, default=default == "1")
+
+
+def seconds(field: str) -> float:
+    """One setting in seconds, read now (see :func:`_float_env`), with the table's default."""
+    name, default = SETTINGS[field]
+    return _float_env(name, float(default))
 
 
 def text(field: str) -> str | None:
@@ -469,16 +346,16 @@ def load() -> Settings:
         target=text("target"),
         readonly=flag("readonly"),
         single_flight=flag("single_flight"),
-        lock_timeout=_float_env("CUTE_DISKCACHE_LOCK_TIMEOUT", 300.0),
+        lock_timeout=seconds("lock_timeout"),
         trust_shared=flag("trust_shared"),
         trust_group=trust_group(),
         read_dirs=read_dirs(root),
         hmac_key=_hmac_key(),
-        remote=os.environ.get("CUTE_DISKCACHE_REMOTE", "").strip() or None,
+        remote=text("remote"),
         remote_readonly=flag("remote_readonly"),
-        remote_timeout=_float_env("CUTE_DISKCACHE_REMOTE_TIMEOUT", 1.0) or 1.0,
-        remote_prefix=os.environ.get("CUTE_DISKCACHE_REMOTE_PREFIX", "").strip().strip("/") or "cute-diskcache",
-        remote_cooldown=_float_env("CUTE_DISKCACHE_REMOTE_COOLDOWN", 30.0),
+        remote_timeout=seconds("remote_timeout") or float(SETTINGS["remote_timeout"][1]),  # 0 would time every fetch out
+        remote_prefix=(text("remote_prefix") or "").strip("/") or SETTINGS["remote_prefix"][1],
+        remote_cooldown=seconds("remote_cooldown"),
         native_sites=_native_sites_env(),
         max_size=max_size(),
         remote_unsigned=flag("remote_unsigned"),

@@ -22,7 +22,7 @@ import logging
 import sys
 
 LOGGER = "cute_diskcache"
-LEVEL_ENV = "CUTE_DISKCACHE_LOG_LEVEL"  # config.SETTINGS_DOC["log_level"]
+LEVEL_ENV = "CUTE_DISKCACHE_LOG_LEVEL"  # config.SETTINGS["log_level"]
 #: The accepted values of :data:`LEVEL_ENV`; ``off`` is above every level a record can have.
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR, "off": logging.CRITICAL + 10}
 DEFAULT_LEVEL = "info"

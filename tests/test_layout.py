@@ -66,10 +66,10 @@ def test_every_setting_is_read_through_the_settings_table() -> None:
 
 
 def test_every_variable_the_package_names_is_in_the_settings_table() -> None:
-    documented = {env for env, _default, _meaning in config.SETTINGS_DOC.values()}
+    documented = {env for env, _default in config.SETTINGS.values()}
     named = {m for p in PKG.rglob("*.py") for m in re.findall(r"CUTE_DISKCACHE_[A-Z0-9_]+", p.read_text())}
-    assert named - documented == set(), "every CUTE_DISKCACHE_* variable is a setting with a row in config.SETTINGS_DOC"
-    assert config.ENABLE_ENV == config.SETTINGS_DOC["enabled"][0]
+    assert named - documented == set(), "every CUTE_DISKCACHE_* variable is a setting with a row in config.SETTINGS"
+    assert config.ENABLE_ENV == config.SETTINGS["enabled"][0]
 
 
 def test_the_reads_this_test_knows_are_found() -> None:

@@ -382,7 +382,7 @@ def test_settings_and_redaction(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (s.remote, s.remote_readonly, s.remote_timeout, s.remote_prefix) == ("redis://:hunter2@cache:6379/0", True, 0.25, "fleet-a")
     assert "hunter2" not in repr(s)
     assert redact(s.remote) == "redis://:***@cache:6379/0"
-    assert "CUTE_DISKCACHE_REMOTE" in {env for env, _d, _m in config.SETTINGS_DOC.values()}
+    assert "CUTE_DISKCACHE_REMOTE" in {env for env, _d in config.SETTINGS.values()}
 
 
 @pytest.mark.parametrize("remote", [None, "redis://127.0.0.1:1/0"])

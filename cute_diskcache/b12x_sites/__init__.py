@@ -29,6 +29,6 @@ def unpatch(module: ModuleType) -> None:
 
 
 def apply_profile(module: ModuleType) -> None:
-    """With a target profile active, b12x's device queries: not answered yet (prewarm for b12x is
-    issue 32 item 3); b12x's compile is driven by its own planning there."""
+    """Nothing to stand in for: under a target profile, b12x's compiles are driven by :mod:`.planning`
+    (``prewarm --linear-backend b12x``), which hands b12x the target's device identity itself."""
     return None

@@ -115,7 +115,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def register(add: Add) -> None:
-    p = add("doctor", cmd_doctor, "every sm12x MoE compile site of the installed flashinfer and who persists it")
+    p = add("doctor", cmd_doctor, "every CuTe-DSL compile site of the installed flashinfer and b12x, and who persists it")
     p.add_argument("--strict", action="store_true", help="exit 1 if any site is persisted by nothing")
     p.add_argument("--all", action="store_true", help="list every site, not only the sm12x ones")
     add("info", cmd_info, "where the cache is and what it is keyed on")

@@ -334,7 +334,7 @@ NOT_CODEGEN_ENV = frozenset({
     "CUDA_LAUNCH_BLOCKING", "LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
     "MASTER_ADDR", "MASTER_PORT",
     # our own switches
-    config.ENABLE_ENV, *(env for env, _default, _meaning in config.SETTINGS_DOC.values()),
+    config.ENABLE_ENV, *(env for env, _default in config.SETTINGS.values()),
 })
 
 

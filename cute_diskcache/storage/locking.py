@@ -27,7 +27,7 @@ no release up to 4.3.2 gives up a lock that a forked child inherited. So:
   naming everything that degrades (single-flight off, the size cap kept by a walk instead of
   the counter of :mod:`.eviction`, housekeeping run without its lock). Nothing waits on a lock
   there again.
-* **Bounded wait.** ``CUTE_DISKCACHE_LOCK_TIMEOUT`` seconds (default 300), then one warning and
+* **Bounded wait.** ``CUTE_DISKCACHE_LOCK_TIMEOUT`` seconds (its default: :data:`..config.SETTINGS`), then one warning and
   we compile anyway: a hung holder costs a duplicate compile, never a wedged engine.
 * **A lock we cannot create** (permissions, full disk, odd filesystem) is no lock: we compile.
 
@@ -50,10 +50,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Iterator
 
+from .. import config
+
 log = logging.getLogger("cute_diskcache")
 
 LOCKS_DIR = "locks"
-DEFAULT_TIMEOUT_S = 300.0
+DEFAULT_TIMEOUT_S = float(config.SETTINGS["lock_timeout"][1])  # CUTE_DISKCACHE_LOCK_TIMEOUT's default
 _POLL_S = 0.05
 
 #: ``flock`` errors that mean "someone holds it" (some filesystems answer EACCES).
