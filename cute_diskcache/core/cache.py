@@ -1,7 +1,12 @@
-"""The one hit-or-compile path that the flashinfer shim and the public API both go through.
+"""From a key to a kernel: look it up, wait for whoever compiles it (single-flight, here and across
+a fleet), compile it, persist it, load it, and count what happened.
 
-Policy only: it decides when to look up, when to compile, when to persist, and keeps the
-process's counters. Bytes and files are :mod:`..storage.entry`'s and :mod:`..storage.store`'s business.
+The last of a compile's three steps: :mod:`.hook` finds that a compile is a site and what its key
+is made of, :mod:`.through` keys it and chooses between serving, planning and running it
+uncached, and :class:`CompileCache` serves it. :func:`cute_diskcache.cached_compile` comes here
+directly with a key its caller gives. Decisions and their order live here; the bytes and files
+are storage's (:mod:`..storage.store` and :mod:`..storage.entry` for an entry, :mod:`..storage.loader`
+to make a kernel of one, :mod:`..storage.layout` and :mod:`..storage.eviction` for its size).
 """
 
 from __future__ import annotations

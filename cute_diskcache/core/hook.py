@@ -1,4 +1,6 @@
-"""Owns the one interception: ``cutlass.cute.compile``, and the key of every compile it serves.
+"""The first of a compile's three steps: the interception on ``cutlass.cute.compile``, which decides
+whether a compile is a site and what its key is made of (then :mod:`.through` keys and routes it,
+and :mod:`.cache` serves it).
 
 Every covered compile of every library with an adapter (:mod:`.adapter`: flashinfer's, b12x's),
 on every release, goes through this hook, put in place once as the DSL is imported. It knows no

@@ -1,4 +1,6 @@
-"""Owns the one path every intercepted compile takes: key it, then hit, compile, or plan.
+"""The middle of a compile's three steps: what happens to a site's compile once :mod:`.hook` has
+found it. Key it (:func:`_key_of`), then serve it through :mod:`.cache`, record it as a planned
+request, or run it uncached (a compile that cannot be described, a broken setting).
 
 Library-neutral: :class:`Site` says how one compile site is keyed, described and handed back,
 :class:`Call` is what one compile brought, :func:`through_cache` runs it through the cache, and

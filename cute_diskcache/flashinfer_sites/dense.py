@@ -1,5 +1,9 @@
 """Driving flashinfer's dense NVFP4 GEMM the way vLLM 0.34 does, to make it compile.
 
+A word on names: flashinfer calls this GEMM's backend ``"b12x"`` (``mm_fp4(backend="b12x")``,
+``_b12x_gemm_fp4_runner``), after the project its kernels came from. It is flashinfer's own code,
+called "the dense GEMM" here; the b12x *package* (``pip install b12x``) is :mod:`..b12x_sites`.
+
 vLLM's ``FlashInferB12xNvFp4LinearKernel.apply_weights`` quantizes the activations with its
 own op, then calls ``flashinfer_scaled_fp4_mm(x_fp4, weight, x_scale, weight_scale, alpha,
 x.dtype, backend="b12x")``, which is ``flashinfer.mm_fp4(a, b.t(), a_scale, b_scale.t(), alpha,
@@ -14,7 +18,7 @@ Two paths compile there, and :class:`DenseDispatcher` drives both with flashinfe
   plan (``_default_dense_gemm_plan``): one kernel per distinct plan over the batch sizes;
 * **autotune**: vLLM tunes flashinfer at start-up by default (``enable_flashinfer_autotune``)
   over ``flashinfer.fused_moe.utils.get_hybrid_num_tokens_buckets(max_num_batched_tokens)``;
-  for each bucket flashinfer's tuner asks the b12x runner for its valid tactics and runs (so
+  for each bucket flashinfer's tuner asks the dense GEMM's runner for its valid tactics and runs (so
   compiles) every one. :meth:`DenseDispatcher.candidates` asks the same runner the same
   question and :meth:`DenseDispatcher.run` runs one tactic the way the tuner does
   (``runner(inputs, tactic=...)``). flashinfer's tuner itself cannot be driven without a GPU:
@@ -32,7 +36,7 @@ from typing import Any
 
 from ..keys import targets
 
-BACKEND = "b12x"
+MM_FP4_BACKEND = "b12x"  # flashinfer's name for the dense GEMM backend (not the b12x package)
 
 
 def _tuple(value: Any) -> Any:
@@ -62,7 +66,7 @@ class DenseDispatcher:
         from flashinfer.gemm import gemm_base
 
         if not hasattr(flashinfer, "mm_fp4") or not hasattr(gemm_base, "_b12x_gemm_fp4_runner"):
-            raise NotImplementedError("this flashinfer has no b12x FP4 GEMM (mm_fp4 backend='b12x')")
+            raise NotImplementedError("this flashinfer has no dense FP4 GEMM (mm_fp4 backend='b12x')")
         self._mm_fp4 = flashinfer.mm_fp4
         self._gemm_base = gemm_base
         self.device = "cuda" if torch.cuda.is_available() and targets.active() is None else "cpu"
@@ -105,7 +109,7 @@ class DenseDispatcher:
         return [a, b.t(), a_sf, b_sf.t(), self._alpha, self.out_dtype, out, 16, True, workspace]
 
     def runner(self) -> Any:
-        """flashinfer's b12x runner, built as ``mm_fp4`` builds it for this device."""
+        """The dense GEMM's runner (``_b12x_gemm_fp4_runner``), built as ``mm_fp4`` builds it for this device."""
         if self._runner is None:
             from flashinfer.utils import get_compute_capability
 
@@ -126,7 +130,7 @@ class DenseDispatcher:
             try:
                 if tactic is None:
                     a, b, a_sf, b_sf, alpha, out_dtype, *_ = self._inputs(m, i)
-                    self._mm_fp4(a, b, a_sf, b_sf, alpha, out_dtype, use_8x4_sf_layout=False, backend=BACKEND,
+                    self._mm_fp4(a, b, a_sf, b_sf, alpha, out_dtype, use_8x4_sf_layout=False, backend=MM_FP4_BACKEND,
                                  block_size=16, use_nvfp4=True)
                 else:
                     self.runner()(inputs=self._inputs(m, i), tactic=tactic)

@@ -11,7 +11,7 @@ SM12X = "flashinfer.fused_moe.cute_dsl.blackwell_sm12x"
 MOE_DISPATCH = f"{SM12X}.moe_dispatch"
 FLASHINFER_UTILS = "flashinfer.cute_dsl.utils"
 #: The sm12x sites outside the MoE package (:mod:`.gemm`, :mod:`.native`, :mod:`.gemm_offline`):
-#: the b12x dense GEMMs, the kernel getters (BF16 x FP4 GEMM, MSA), flashinfer's native builder, and what the GEMM API asks of the device
+#: the dense GEMMs (flashinfer's b12x-named runners), the kernel getters (BF16 x FP4 GEMM, MSA), flashinfer's native builder, and what the GEMM API asks of the device
 #: (``flashinfer.utils``; ``flashinfer.cute_dsl.utils`` answers max active clusters).
 GEMM_BASE = "flashinfer.gemm.gemm_base"
 GEMM_MXFP8 = "flashinfer.gemm.gemm_mm_mxfp8_cute_dsl"

@@ -57,9 +57,10 @@ ROWS: tuple[Row, ...] = (
     _moe("moe_nvfp4_w4a16.py", "run_moe_w4a16", "nvfp4_w4a16"),
     *(_moe(f"moe_{fmt}_{op}.py", "compiled_kernel", f"{fmt}_{op}")
       for fmt in ("fp8", "mxfp8_mxfp4") for op in ("fc1_act", "fc1_act_q1", "fc2_finalize", "gemm")),
-    # Dense GEMMs: the b12x FP4 and MXFP8 runners (through flashinfer's shared block-scaled helper,
-    # which its SM100 runners also use: only the b12x runners' compiles are sites), the BF16 x FP4
-    # GEMM and GEMV getters, 0.6.12/0.6.13's b12x getter, and the SM12x CuTe FP4 runner (native).
+    # Dense GEMMs (flashinfer's own code, which it names b12x; not the b12x package): the FP4 and
+    # MXFP8 runners (through flashinfer's shared block-scaled helper, which its SM100 runners also
+    # use: only the sm12x runners' compiles are sites), the BF16 x FP4
+    # GEMM and GEMV getters, 0.6.12/0.6.13's dense GEMM getter, and the SM12x CuTe FP4 runner (native).
     _family("gemm", "gemm/gemm_base.py", "_b12x_gemm_fp4_runner.B12xFp4GemmRunner.forward", "b12x_fp4", reuse=True),
     _family("gemm", "gemm/gemm_mm_mxfp8_cute_dsl.py", "_b12x_gemm_mxfp8_runner.B12xMxfp8GemmRunner.forward", "b12x_mxfp8"),
     _family("gemm", "gemm/gemm_bf16_fp4_cute_dsl.py", "_get_cute_dsl_bf16_fp4_gemm", "bf16_fp4_gemm"),

@@ -21,8 +21,9 @@ so the keys are a finite set; ``--functional`` plans and compiles all of them by
 path through every (workspace, m) pair it can meet (:mod:`..flashinfer_sites.functional`).
 Before 0.7.4 those keys follow every batch history and ``--functional`` is refused.
 
-The model's NVFP4 linear layers (attention, dense MLPs, shared experts) run flashinfer's b12x
-dense GEMM in vLLM; their kernels are planned and compiled the same way, by driving
+The model's NVFP4 linear layers (attention, dense MLPs, shared experts) run flashinfer's dense
+FP4 GEMM in vLLM (``mm_fp4(backend="b12x")``, flashinfer's code; ``--linear-backend b12x`` is the
+b12x package's instead); their kernels are planned and compiled the same way, by driving
 ``mm_fp4`` as vLLM does (:mod:`.dense`), and reported apart from the MoE kernels.
 """
 

@@ -1,4 +1,5 @@
-"""Prewarm's dense half: the b12x FP4 GEMM kernels a model's NVFP4 linear layers need.
+"""Prewarm's dense half: flashinfer's dense FP4 GEMM kernels a model's NVFP4 linear layers need
+(``mm_fp4(backend="b12x")``: flashinfer's code; the b12x package's linear kernels are :mod:`.b12x`).
 
 Planned like the MoE kernels, by flashinfer's own code (:mod:`..flashinfer_sites.dense`): for
 every m the engine can see, ``mm_fp4`` as vLLM 0.34 calls it (flashinfer's default tactic for
@@ -6,7 +7,7 @@ that m); and, unless the engine does not autotune, every tactic flashinfer's tun
 vLLM's tuning buckets. Each site reports the key it would compile; the plan is the set of keys.
 A worker compiles a kernel by making the same call again (:func:`run`).
 
-The b12x kernel's key has no n, k or m (they are runtime arguments of one kernel), so a model
+The dense kernel's key has no n, k or m (they are runtime arguments of one kernel), so a model
 needs a handful of dense kernels however many layer shapes and batch sizes it has.
 """
 
