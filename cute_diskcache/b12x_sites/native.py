@@ -17,6 +17,13 @@ forbidden) a load is b12x's own, the only path b12x allows there. Standing aside
 ``PreparationSession(compile_workers>0)`` fail ("compiler completed without publishing required
 artifacts"); vLLM 0.34's lazy, in-process b12x path meets neither flow.
 
+One voice: b12x counts a compile miss, and with ``B12X_LOG_CUTE_COMPILES`` prints a
+"disk-cache-miss" line, before it calls the wrapper, so a kernel ours served read as compiled in
+the engine's log. Its miss line is held (``_log_cute_compile_miss`` for that status) until the
+store that follows the wrapper: if ours served the kernel (our cache's events since b12x's last
+load say so), the line is dropped and b12x's books are put right (one miss less, one disk hit
+more, as for a kernel its own disk layer loaded); if it compiled, the line is printed then.
+
 b12x's switches keep their meaning: ``B12X_COMPILE_DISK_CACHE=0`` turns b12x's layer off (ours
 still serves: ``FLASHINFER_B12X_DISK_CACHE`` turns ours on); its memory cache and its logs are
 untouched. With ``CUTE_DISKCACHE_NATIVE_SITES`` naming b12x nothing is replaced (the hook hands
@@ -29,6 +36,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 from types import ModuleType
 from typing import Any
 
@@ -66,18 +74,55 @@ def _lowering_forbidden() -> bool:
         return False
 
 
+_pending = threading.local()  # per thread: our cache's event count at b12x's last load, its held miss line
+
+
+def _events() -> list[Any]:
+    from ..core.cache import default_cache
+
+    return default_cache().events
+
+
+def _settle(module: ModuleType) -> None:
+    """After b12x's wrapper returned: a kernel ours served is b12x's disk hit, not its compile miss."""
+    mark, held = getattr(_pending, "mark", None), getattr(_pending, "held", None)
+    _pending.mark = _pending.held = None
+    if mark is None:
+        return
+    outcomes = {event[2] for event in _events()[mark:]}
+    if outcomes and not outcomes & {"miss", "failed", "refused"}:
+        with module._MEMORY_CACHE_LOCK:
+            module._COMPILE_MISSES -= 1
+            module._DISK_CACHE_HITS += 1
+    elif held is not None:
+        real, args, kwargs = held
+        real(*args, **kwargs)
+
+
 def _stand_in(name: str, real: Any, module: ModuleType) -> Any:
     """b12x's ``name`` while ours serves: a no-op, but b12x's own in the two flows of the module docstring."""
     if name == "_load_cute_compile_from_disk":
         def load(cache_key: str) -> Any:
-            return real(cache_key) if _lowering_forbidden() else None
+            if _lowering_forbidden():
+                return real(cache_key)
+            _pending.mark, _pending.held = len(_events()), None
+            return None
         fn: Any = load
+    elif name == "_log_cute_compile_miss":
+        def log_miss(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("cache_status") == "disk-cache-miss" and getattr(_pending, "mark", None) is not None:
+                _pending.held = (real, args, kwargs)
+                return None
+            return real(*args, **kwargs)
+        fn = log_miss
     elif name == "_disk_cache_key_lock":
         def lock(cache_key: str) -> contextlib.AbstractContextManager[Any]:
             return real(cache_key) if _publishes(module) else contextlib.nullcontext()
         fn = lock
     else:  # the store and the manifest: written where the parent reads them
         def write(*args: Any, **kwargs: Any) -> Any:
+            if name == "_store_cute_compile_to_disk":
+                _settle(module)
             if _publishes(module) or (name == "_ensure_cute_compile_manifest" and _lowering_forbidden()):
                 return real(*args, **kwargs)
             return None

@@ -28,9 +28,10 @@ BY_WHERE: dict[tuple[str, str], Row] = {(r.file, r.function): r for r in ROWS}
 #: (:mod:`.native`): a load finds nothing, a store and a manifest write nothing, the per-key lock
 #: is no lock (our single-flight covers the compile; b12x's opens a file for writing in its
 #: directory, which raises on a read-only or foreign-owned one); b12x's own again where its
-#: compile pool hands kernels from workers to their parent (:mod:`.native` says where).
+#: compile pool hands kernels from workers to their parent (:mod:`.native` says where). With it,
+#: b12x's miss log, held until b12x's books can say whether ours served the kernel (one voice).
 NATIVE_LAYER = ("_load_cute_compile_from_disk", "_store_cute_compile_to_disk", "_ensure_cute_compile_manifest",
-                "_disk_cache_key_lock")
+                "_disk_cache_key_lock", "_log_cute_compile_miss")
 
 #: Variables b12x's code reads that change no generated code: b12x's own list
 #: (``_compile_environment_key``'s operational variables) less the three that pick a configuration
