@@ -112,7 +112,8 @@ def test_prewarm_refuses_a_profile_beside_a_gpu(tmp_path: Path) -> None:
     """The same refusal from the command line, exit 2 (the GPU simulated through NVML's answer)."""
     shim = tmp_path / "shim"
     shim.mkdir()
-    (shim / "pynvml.py").write_text("def nvmlInit(): pass\ndef nvmlShutdown(): pass\ndef nvmlDeviceGetCount(): return 1\n")
+    (shim / "pynvml.py").write_text("class NVMLError(Exception): pass\n"  # as nvidia-ml-py's: what a failed call raises
+                                    "def nvmlInit(): pass\ndef nvmlShutdown(): pass\ndef nvmlDeviceGetCount(): return 1\n")
     proc = _run(["cute_diskcache.prewarm", "--model", "qwen3-30b-a3b", "--target", "rtx-pro-6000", "--dry-run"], tmp_path,
                 PYTHONPATH=os.pathsep.join([str(shim), os.environ.get("PYTHONPATH", "")]))
     assert proc.returncode == 2 and "CUDA device is visible" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
