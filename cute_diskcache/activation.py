@@ -146,13 +146,19 @@ def _attach(module: ModuleType) -> None:
 
 
 def _attach_dsl() -> None:
-    """The inline sites' hook on ``cutlass.cute.compile`` (when the cache is on)."""
+    """The one hook on ``cutlass.cute.compile`` (when the cache is on). It knows no library, so it is
+    put there here; an adapter may withhold it for its own library (``admits_dsl``: flashinfer's
+    refused combinations), and serves its sites through it by the rows it registers (:mod:`.core.adapter`)."""
     if not _cache_on:
         return
     try:
-        from . import flashinfer_sites
+        import importlib
 
-        flashinfer_sites.attach_dsl()
+        from .core import hook
+
+        packages = [importlib.import_module(f"{__package__}.{package}") for package, *_prefixes in _ADAPTERS]
+        if all(getattr(package, "admits_dsl", lambda: True)() for package in packages):
+            hook.patch()
     except Exception as exc:  # noqa: BLE001 - never break the DSL's import because of the cache
         _log().warning("cute-diskcache could not attach to the DSL (%s); inline sites run uncached", exc)
 

@@ -1,7 +1,7 @@
 """The flashinfer adapter: the only code that knows how flashinfer compiles its sm12x kernels.
 
-One mechanism covers every release: :mod:`..core.hook` replaces the DSL's ``cutlass.cute.compile`` once,
-and a compile reached from a site listed in :mod:`.sites` (a table: where, which kind, what side
+One mechanism covers every release: :mod:`..core.hook` replaces the DSL's ``cutlass.cute.compile`` once
+(the library-neutral activation layer puts it there), and a compile reached from a site listed in :mod:`.sites` (a table: where, which kind, what side
 data) goes through the cache, keyed by everything the compile receives. The one exception,
 :mod:`.native`, stands in front of flashinfer's own disk cache (0.6.18+) for the sites it builds
 through it, so that those compiles reach the hook at all. Beside them:
@@ -17,12 +17,12 @@ The path every compile takes (``Site``, ``through_cache``, planning) is library-
 :mod:`..core.through`.
 
 The activation hook hands us every module under :data:`.names.SITE_PACKAGES` as it is imported
-(:func:`patch`, :func:`apply_profile`) and the DSL as it is imported (:func:`attach_dsl`).
+(:func:`patch`, :func:`apply_profile`), and asks before the hook goes on the DSL (:func:`admits_dsl`).
 """
 
 from __future__ import annotations
 
-from .names import FLASHINFER_UTILS, MOE_DISPATCH, SM12X
+from .names import FLASHINFER, FLASHINFER_UTILS, MOE_DISPATCH, SM12X
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the hook loads this at start-up)
 if TYPE_CHECKING:
@@ -46,8 +46,8 @@ __all__ = [
     "MOE_DISPATCH",
     "SM12X",
     *_LAZY,
+    "admits_dsl",
     "apply_profile",
-    "attach_dsl",
     "patch",
     "unpatch",
 ]
@@ -65,7 +65,7 @@ def __getattr__(name: str) -> Any:
 def patch(module: ModuleType) -> bool:
     """Attach to one flashinfer module as it is imported (idempotent). True if we stand in it.
 
-    Every compile goes through :func:`attach_dsl`'s hook; a module needs more only where
+    Every compile goes through the hook on ``cutlass.cute.compile``; a module needs more only where
     flashinfer's native builder sits (:mod:`.native`) or moe_dispatch probes its kernels
     (:mod:`.block_dim`). A flashinfer + DSL combination the compatibility matrix shows cannot
     work is refused (:mod:`.compat`): nothing is attached, and one log line says why.
@@ -95,17 +95,20 @@ def _warm_up(md: ModuleType) -> None:
         logging.getLogger("cute_diskcache").debug("warm-up skipped: %s", exc)
 
 
-def attach_dsl() -> bool:
-    """Route every site through the cache: one hook on ``cutlass.cute.compile``, put in place as
-    the DSL is imported (several sites import it inside functions, or are imported under names
-    outside ``flashinfer.*``, so no flashinfer import announces them)."""
-    from . import compat
-    from ..core import hook
+def admits_dsl() -> bool:
+    """Whether the library-neutral hook may go on ``cutlass.cute.compile`` as far as flashinfer is
+    concerned: not with a flashinfer + DSL combination the compatibility matrix refused (one log
+    line says why); an unverified release is said once. Without flashinfer, nothing to say."""
+    import importlib.util
 
+    from . import compat
+
+    if importlib.util.find_spec(FLASHINFER) is None:
+        return True
     if compat.refused():
         return False
     compat.note_unverified()
-    return hook.patch()
+    return True
 
 
 def unpatch(module: ModuleType) -> None:
