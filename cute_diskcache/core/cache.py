@@ -37,9 +37,13 @@ log = logging.getLogger("cute_diskcache")
 #: In the side data a hit returns (a copy, never stored): the entry it came from, read again only
 #: when a caller asks the kernel for what the compile held (:class:`.as_compiled.Payloads`).
 HIT_FROM = "_hit_from"
-#: the counters a served kernel moves: (count, seconds, prewarm's count), in the process and in stats
-_HIT = ("hits", "load_seconds", "prewarm_hits")
-_REUSED = ("reused", "reuse_seconds", "prewarm_reused")
+#: the counters a served kernel moves: (count, seconds), in the process and in stats
+_HIT = ("hits", "load_seconds")
+_REUSED = ("reused", "reuse_seconds")
+#: A prewarm worker's counts in the statistics file: these under ``prewarm_<name>``, and the
+#: misses and seconds of serving not at all (a fresh prewarm is no serving miss; see stats.FIELDS).
+_PREWARM_APART = frozenset({"hits", "reused", "compiles", "compile_seconds"})
+_SERVING_ONLY = frozenset({"misses", "load_seconds", "reuse_seconds", "saved_seconds"})
 
 #: CUTE_DISKCACHE_ON_MISS values; the first is the default. ``warn`` is ``compile`` under the name
 #: vLLM's ``--jit-monitor-mode warn`` uses: both compile, with a WARNING saying why it missed.
@@ -250,9 +254,7 @@ class CompileCache:
         else:
             with self.store.single_flight(key, self.lock_timeout) as flight:
                 if flight.outcome in ("waited", "timeout"):
-                    with self._lock:
-                        self.counters.lock_waits += 1
-                        self.counters.lock_wait_seconds += flight.waited_seconds
+                    self._count(None, lock_waits=1, lock_wait_seconds=flight.waited_seconds)
                 if flight.held:
                     hit = self._try_hit(key, extra_ok=extra_ok)  # the process we waited for (or one just before) committed it
                     if hit is not None:
@@ -287,8 +289,7 @@ class CompileCache:
             found = self.remote.fetch(key, self.store) if remote and self.remote is not None else self.store.lookup_or_quarantine(key, load=True)
         except Exception as exc:  # noqa: BLE001 - a bug of ours must cost a compile, never the caller's kernel
             log.error("cute-diskcache lookup failed unexpectedly (%s: %s); compiling", type(exc).__name__, exc)
-            with self._lock:
-                self.counters.errors += 1
+            self._count(None, errors=1)
             found = None
         if found is not None:
             manifest = found[0]
@@ -360,11 +361,7 @@ class CompileCache:
         found: list[tuple[dict[str, Any], str, float, int]] = []
 
         def decide(traced: trace.Traced) -> bool:
-            with self._lock:
-                self.counters.traces += 1
-                self.counters.trace_seconds += traced.seconds
-            stats.record(key.env.namespace, "traces")
-            stats.record(key.env.namespace, "trace_seconds", traced.seconds)
+            self._count(key.env.namespace, traces=1, trace_seconds=traced.seconds)
             k2 = reuse.stage_two_key(key, traced, plan.context)
             before = layout.entry_bytes(self.store.entry_dir(key))
             manifest = self._link_first(key, k2)
@@ -417,11 +414,7 @@ class CompileCache:
             log.debug("no trace of %s %s: %s: %s", key.site, key.digest[:12], type(exc).__name__, exc)
             return None
         traced_s = time.perf_counter() - t0
-        with self._lock:
-            self.counters.traces += 1
-            self.counters.trace_seconds += traced_s
-        stats.record(key.env.namespace, "traces")
-        stats.record(key.env.namespace, "trace_seconds", traced_s)
+        self._count(key.env.namespace, traces=1, trace_seconds=traced_s)
         k2 = reuse.stage_two_key(key, traced, plan.context)
         dest = self.store.entry_dir(key)
         try:
@@ -475,24 +468,29 @@ class CompileCache:
         if found is not None:
             yield found
 
-    def _count_served(self, key: CacheKey, manifest: dict[str, Any], names: tuple[str, str, str], event: str,
+    def _count(self, namespace: str | None, **amounts: float) -> None:
+        """Count in this process (:class:`Counters`, ``cute_diskcache.counters()``) and, under
+        ``namespace``, in the statistics file (``cute-diskcache stats``): the one place the cache
+        writes either. None: this process only (what the file has no field for)."""
+        with self._lock:
+            for field, amount in amounts.items():
+                if hasattr(self.counters, field):
+                    setattr(self.counters, field, getattr(self.counters, field) + amount)
+        if namespace is None:
+            return
+        prewarm = self.counting == "prewarm"
+        for field, amount in amounts.items():
+            if not (prewarm and field in _SERVING_ONLY):
+                stats.record(namespace, f"prewarm_{field}" if prewarm and field in _PREWARM_APART else field, amount)
+
+    def _count_served(self, key: CacheKey, manifest: dict[str, Any], names: tuple[str, str], event: str,
                       seconds: float) -> None:
         """Count a kernel served from an entry (a hit, or a reuse: ``names`` says which counters),
         in this process and in the statistics file, and mark the entry used for eviction."""
-        count, seconds_name, prewarm_name = names
-        saved = float(manifest["compile_seconds"])
-        ns = key.env.namespace
+        count, seconds_name = names
+        self._count(key.env.namespace, **{count: 1, seconds_name: seconds, "saved_seconds": float(manifest["compile_seconds"])})
         with self._lock:
-            setattr(self.counters, count, getattr(self.counters, count) + 1)
-            setattr(self.counters, seconds_name, getattr(self.counters, seconds_name) + seconds)
-            self.counters.saved_seconds += saved
             self.events.append((key.site, key.digest, event, seconds, 0.0))
-        if self.counting == "prewarm":
-            stats.record(ns, prewarm_name)
-        else:
-            stats.record(ns, count)
-            stats.record(ns, seconds_name, seconds)
-            stats.record(ns, "saved_seconds", saved)
         if self.store.writable:
             eviction.touch(self.store.entry_dir(key))
 
@@ -509,8 +507,7 @@ class CompileCache:
         if role == "shared":
             try:
                 kernel = loader.load_shared(data, manifest["symbol"])
-                with self._lock:
-                    self.counters.shared_loads += 1
+                self._count(None, shared_loads=1)
                 return kernel
             except Exception as exc:  # noqa: BLE001 - an unexpected runtime: never the entry's fault
                 log.debug("shared object of %s not loadable here (%s: %s); loading the object", key.digest[:12], type(exc).__name__, exc)
@@ -547,11 +544,9 @@ class CompileCache:
             # The compile failed, or whatever it goes through refused it (vLLM's JIT monitor in
             # `error` mode): a miss with nothing compiled, and the caller gets the exception. The
             # "compiling" line above said what was tried; this one says it did not happen.
+            self._count(ns, misses=1)
             with self._lock:
-                self.counters.misses += 1
                 self.events.append((key.site, key.digest, "failed", time.perf_counter() - t0, 0.0))
-            if self.counting != "prewarm":
-                stats.record(ns, "misses")
             if log.isEnabledFor(self.miss_level) and isinstance(exc, Exception):
                 first = (str(exc).splitlines() or [""])[0][:200]
                 log.log(self.miss_level, "not compiled: %s %s raised %s: %s; nothing written", key.site, key.digest[:12],
@@ -559,17 +554,7 @@ class CompileCache:
             raise
         seconds = time.perf_counter() - t0
         extra = extra_fn(kernel) if extra_fn is not None else {}
-        with self._lock:
-            self.counters.misses += 1
-            self.counters.compiles += 1
-            self.counters.compile_seconds += seconds
-        if self.counting == "prewarm":
-            stats.record(ns, "prewarm_compiles")
-            stats.record(ns, "prewarm_compile_seconds", seconds)
-        else:
-            stats.record(ns, "misses")
-            stats.record(ns, "compiles")
-            stats.record(ns, "compile_seconds", seconds)
+        self._count(ns, misses=1, compiles=1, compile_seconds=seconds)
         wrote = False
         t_persist = time.perf_counter()
         made: list[entry.Artifact] = []
@@ -580,17 +565,11 @@ class CompileCache:
                                                                   captured=objects)))
                 wrote = manifest is not None
                 if manifest is not None:
-                    stats.record(ns, "writes")
-                    stats.record(ns, "bytes_written", sum(p["size"] for items in manifest["payloads"].values() for p in items))
+                    self._count(ns, writes=1, bytes_written=sum(p["size"] for items in manifest["payloads"].values() for p in items))
             except Exception as exc:  # noqa: BLE001 - never let persistence break a kernel the caller already has
-                # Never let persistence break a kernel the caller already has.
-                with self._lock:
-                    self.counters.errors += 1
-                stats.record(ns, "errors")
+                self._count(ns, errors=1)
                 log.warning("could not persist %s kernel: %s: %s", key.site, type(exc).__name__, exc)
             if wrote:
-                with self._lock:
-                    self.counters.writes += 1
                 # what this compile lowered: the next release's trace finds it
                 self._publish(key, reuse.stage_two_key(key, lowered[-1], plan.context) if plan is not None and lowered else None)
         if wrote and made and not made[-1].in_process:
@@ -635,10 +614,9 @@ class CompileCache:
     def _refuse_to_compile(self, key: CacheKey) -> None:
         """``CUTE_DISKCACHE_ON_MISS=error``: count the miss, say why, raise; nothing compiled, locked or written."""
         why = self._why(key)
+        self._count(key.env.namespace, misses=1)
         with self._lock:
-            self.counters.misses += 1
             self.events.append((key.site, key.digest, "refused", 0.0, 0.0))
-        stats.record(key.env.namespace, "misses")
         message = (f"CUTE_DISKCACHE_ON_MISS=error: not compiling {report.describe_kernel(key, why)} "
                    f"(cache {self.store.root}; prewarm it, or set CUTE_DISKCACHE_ON_MISS=compile)")
         log.error("%s", message)
