@@ -20,6 +20,8 @@ from .b12x_sites.names import B12X
 from .b12x_sites.names import SITE_PACKAGES as B12X_SITE_PACKAGES
 from .flashinfer_sites.names import DSL_CUTE, FLASHINFER, MOE_DISPATCH
 from .flashinfer_sites.names import SITE_PACKAGES as FLASHINFER_SITE_PACKAGES
+from .sglang_sites.names import SGLANG
+from .sglang_sites.names import SITE_PACKAGES as SGLANG_SITE_PACKAGES
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing at start-up
 
@@ -30,15 +32,16 @@ if TYPE_CHECKING:
     from typing import Any
 
 #: Each adapter package (under ``cute_diskcache.``) and the modules it is handed as they are imported.
-_ADAPTERS = (("flashinfer_sites", FLASHINFER_SITE_PACKAGES), ("b12x_sites", B12X_SITE_PACKAGES))
-SITE_PACKAGES = FLASHINFER_SITE_PACKAGES + B12X_SITE_PACKAGES
+_ADAPTERS = (("flashinfer_sites", FLASHINFER_SITE_PACKAGES), ("b12x_sites", B12X_SITE_PACKAGES),
+             ("sglang_sites", SGLANG_SITE_PACKAGES))
+SITE_PACKAGES = FLASHINFER_SITE_PACKAGES + B12X_SITE_PACKAGES + SGLANG_SITE_PACKAGES
 
-#: flashinfer's and b12x's own imports (a profile must be in place before they query the device), the DSL's
+#: flashinfer's, b12x's and SGLang's own imports (a profile must be in place before they query the device), the DSL's
 #: ``cutlass.cute`` (the inline sites' one hook goes on its ``compile``, whatever imports it
 #: first), and every module of the adapters' site packages as it is imported (each adapter
 #: decides which hold sites).
-_WATCHED = (FLASHINFER, B12X, MOE_DISPATCH, DSL_CUTE)
-_QUERY_ON_IMPORT = (FLASHINFER, B12X)
+_WATCHED = (FLASHINFER, B12X, SGLANG, MOE_DISPATCH, DSL_CUTE)
+_QUERY_ON_IMPORT = (FLASHINFER, B12X, SGLANG)
 
 
 def _watched(fullname: str) -> bool:

@@ -1,4 +1,4 @@
-"""``cute-diskcache doctor``: is every sm12x compile site of this flashinfer (and of b12x) persisted?
+"""``cute-diskcache doctor``: is every sm12x compile site of this flashinfer (and of b12x, SGLang) persisted?
 
 Reads all of the installed flashinfer's source (never imports it) and prints, for every
 CuTe-DSL compile site that can build an sm12x kernel (``cute.compile``, ``cute.compile[...]``,
@@ -30,8 +30,9 @@ from typing import Any
 def report() -> dict[str, Any]:
     from ..b12x_sites import scan as b12x_scan
     from ..flashinfer_sites import coverage_report
+    from ..sglang_sites import scan as sglang_scan
 
-    return {**coverage_report(), "b12x": b12x_scan.report(), "host_code": host_code_report()}
+    return {**coverage_report(), "b12x": b12x_scan.report(), "sglang": sglang_scan.report(), "host_code": host_code_report()}
 
 
 def host_code_report() -> dict[str, Any]:
@@ -141,7 +142,12 @@ def _b12x_lines(report: dict[str, Any], show_all: bool) -> list[str]:
         return []
     from ..b12x_sites import scan as b12x_scan
 
-    return ["", *b12x_scan.render(report["b12x"], show_all)]
+    lines = ["", *b12x_scan.render(report["b12x"], show_all)]
+    if report.get("sglang") is not None:  # SGLang's block (:mod:`..sglang_sites.scan`)
+        from ..sglang_sites import scan as sglang_scan
+
+        lines += ["", *sglang_scan.render(report["sglang"], show_all)]
+    return lines
 
 
 def _enabled_text(enabled: bool) -> str:
@@ -161,9 +167,12 @@ def _release_line(report: dict[str, Any]) -> str:
 def strict_failure(report: dict[str, Any]) -> bool:
     """What ``--strict`` fails on: an sm12x site nothing persists, a vanished adapter site, a refusal
     (flashinfer's or b12x's)."""
+    from ..sglang_sites import scan as sglang_scan
+
     b12x = report.get("b12x") or {}
     return bool(report.get("summary", {}).get("nothing") or report.get("missing_adapter_sites") or report.get("refused")
-                or b12x.get("summary", {}).get("nothing") or b12x.get("missing_adapter_sites"))
+                or b12x.get("summary", {}).get("nothing") or b12x.get("missing_adapter_sites")
+                or sglang_scan.strict_failure(report.get("sglang") or {}))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,7 +88,7 @@ class Adapter:
 
 
 #: The adapters' modules, each defining ``ADAPTER``. Imported on first use, never at start-up.
-_MODULES = ("cute_diskcache.flashinfer_sites.adapter", "cute_diskcache.b12x_sites.adapter")
+_MODULES = ("cute_diskcache.flashinfer_sites.adapter", "cute_diskcache.b12x_sites.adapter", "cute_diskcache.sglang_sites.adapter")
 
 
 @functools.lru_cache(maxsize=1)

@@ -37,8 +37,12 @@ def calling_convention(kernel: Any) -> dict[str, Any] | None:
     flashinfer omits them), keyword-only parameters. A kernel loaded from disk is the bare,
     positional tvm-ffi function, so a caller that relies on a default would fail on a hit. The
     wrapper's own signature is the DSL's spec; None when there is no wrapper or it does more
-    than names and plain defaults (dataclass unpacking, pointer conversion): such an entry is
-    then never handed out (:func:`convention_ok`).
+    than names and defaults (dataclass unpacking, pointer conversion): such an entry is then
+    never handed out (:func:`convention_ok`). A default that is not a plain value (SGLang's FA4
+    forward defaults ``aux_data`` to an ``AuxData`` tuple and a flag to ``Int32(0)``) cannot be
+    stored: that parameter, and every positional one before it, is required on a hit, so a call
+    that leaned on the default fails there with the binding's TypeError, never with a wrong
+    value (SGLang passes every argument).
     """
     import inspect
 
@@ -50,16 +54,17 @@ def calling_convention(kernel: Any) -> dict[str, Any] | None:
     names, defaults, kwonly, kwdefaults = [], [], [], {}
     for p in inspect.signature(wrapper).parameters.values():
         has_default = p.default is not inspect.Parameter.empty
-        if has_default and not isinstance(p.default, _PLAIN_DEFAULT):
-            return None
+        plain = has_default and isinstance(p.default, _PLAIN_DEFAULT)
         if p.kind is inspect.Parameter.KEYWORD_ONLY:
             kwonly.append(p.name)
-            if has_default:
+            if plain:
                 kwdefaults[p.name] = p.default
         elif p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
             names.append(p.name)
-            if has_default:
+            if plain:
                 defaults.append(p.default)
+            elif has_default:  # required from here on: only trailing defaults are kept
+                defaults.clear()
         else:
             return None
     return {"arg_names": names, "arg_defaults": defaults, "kwonly_names": kwonly, "kwonly_defaults": kwdefaults}

@@ -162,6 +162,22 @@ def load(path: str | os.PathLike[str]) -> DeviceProfile:
     return dataclasses.replace(base, **spec)
 
 
+#: Memory bus width (bits), memory clock and boost clock (kHz, as torch reports them) of the
+#: sm12x cards, from NVIDIA's published specifications (bandwidth = clock x width x 2 / 8 for
+#: GDDR7, x 1 for the GB10's LPDDR5x, whose clock CUDA reports as the effective rate); not read
+#: from a card. Planning code reads them, not the DSL: SGLang's SM12x FA4 decode picks its
+#: split-KV count from them (``fa4_sm120/runtime.py::_get_decode_hardware``). A wrong value can
+#: only make an offline plan name another kernel (a miss on the card), never a wrong one: the
+#: key is what the compile receives. Profiles without an entry leave the attributes absent.
+_MEMORY_SPECS: dict[str, tuple[int, int, int]] = {
+    "rtx-pro-6000": (512, 14_000_000, 2_617_000),  # 1792 GB/s
+    "rtx-5090": (512, 14_000_000, 2_407_000),  # 1792 GB/s
+    "rtx-5080": (256, 15_000_000, 2_617_000),  # 960 GB/s
+    "rtx-5070-ti": (256, 14_000_000, 2_452_000),  # 896 GB/s
+    "dgx-spark": (256, 8_531_250, 2_418_000),  # 273 GB/s
+}
+
+
 class _Props:
     """Stands in for ``torch.cuda.get_device_properties``'s result."""
 
@@ -176,6 +192,8 @@ class _Props:
         self.warp_size = 32
         self.is_integrated = p.integrated
         self.is_multi_gpu_board = False
+        if p.name in _MEMORY_SPECS:
+            self.memory_bus_width, self.memory_clock_rate, self.clock_rate = _MEMORY_SPECS[p.name]
 
     def __repr__(self) -> str:
         return f"_CudaDeviceProperties(name={self.name!r}, major={self.major}, minor={self.minor}, multi_processor_count={self.multi_processor_count}, profile=True)"
@@ -304,6 +322,8 @@ def apply(profile: DeviceProfile | str, *, force: bool = False) -> DeviceProfile
     tc.get_device_name = lambda device=None: p.device_name
     tc.current_stream = lambda device=None: _Stream()
     tc.is_current_stream_capturing = lambda: False
+    if not hasattr(torch._C, "_cuda_getCurrentRawStream"):  # a CPU torch: SGLang's FA4 reads it at import
+        torch._C._cuda_getCurrentRawStream = lambda device=None: 0
     _active = p
     log.info("compiling for target profile %s (%s, %d SMs)", p.name, p.arch, p.sm_count)
     return p
