@@ -1,0 +1,179 @@
+"""SGLang's own CuTe-DSL compiles through the same hook (issue 41): its adapter, its ``cute_aot``
+cache standing aside for the FA4 kernels, and ``doctor``'s SGLang block.
+
+SGLang 0.5.23 pins flashinfer 0.7.2 and DSL 4.8.0 and requires a CUDA torch, so everything that
+imports SGLang runs in a second interpreter (``scripts/make_sglang_venv.sh``: SGLang over the
+matrix's fi0.7.2-dsl4.8.0 cell, a CPU torch), found through ``CUTE_DISKCACHE_SGLANG_PYTHON`` or
+built on first use, once per machine. SGLang and the DSL are real: the slow tests drive SGLang's
+FA4 SM12x decode path as its FlashAttention backend calls it (:mod:`sglang_driver`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRATCH = Path(os.environ.get("CUTE_DISKCACHE_COMPAT_SCRATCH") or Path.home() / ".cache" / "cute-diskcache" / "compat")
+SGLANG_PY: str = os.environ.get("CUTE_DISKCACHE_SGLANG_PYTHON") or str(SCRATCH / "sglang-0.5.23" / "bin" / "python")
+TIMEOUT_S = 300
+FWD, COMBINE = "sglang.fa4.flash_fwd.FlashAttentionForwardSm120", "sglang.fa4.flash_fwd_combine.FlashAttentionForwardCombine"
+
+pytestmark = pytest.mark.skipif(SGLANG_PY == "off", reason="CUTE_DISKCACHE_SGLANG_PYTHON=off: SGLang tests skipped")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import child_env, split_stderr  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def sglang_python() -> str:
+    """The SGLang interpreter, checked: SGLang 0.5.23 over flashinfer 0.7.2, DSL 4.8.0, a CPU torch."""
+    if not os.environ.get("CUTE_DISKCACHE_SGLANG_PYTHON"):
+        build = subprocess.run(["bash", str(REPO / "scripts" / "make_sglang_venv.sh"), str(Path(SGLANG_PY).parent.parent)],
+                               capture_output=True, text=True, timeout=1800)
+        assert build.returncode == 0, f"building the SGLang venv failed:\n{build.stderr[-4000:]}"
+    out = _child(SGLANG_PY, "import importlib.metadata as m, json, torch\n"
+                 "print(json.dumps([m.version(d) for d in ('sglang', 'flashinfer-python', 'nvidia-cutlass-dsl')] + [torch.version.cuda]))", {})
+    assert out == ["0.5.23", "0.7.2", "4.8.0", None], out  # torch.version.cuda None: never a CUDA torch
+    return SGLANG_PY
+
+
+def _env(root: Path | None, extra: dict[str, str], hook_dir: Path | None = None) -> dict[str, str]:
+    env = child_env(root or Path("/nonexistent-cdc-root"), extra, hook_dir or REPO)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook_dir or ""), str(REPO)) if p)
+    env.setdefault("SGLANG_CUTE_AOT_CACHE_DIR", str((root or Path("/nonexistent-cdc-root")).parent / "sglang-aot"))
+    return env
+
+
+def _child(python: str, code: str, extra: dict[str, str], root: Path | None = None) -> Any:
+    proc = subprocess.run([python, "-c", textwrap.dedent(code)], env=_env(root, extra), capture_output=True, text=True,
+                          timeout=TIMEOUT_S, cwd=str(REPO / "tests"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------------------------
+# The site table, read from SGLang's source; doctor's block
+# --------------------------------------------------------------------------------------------
+
+_DOCTOR = """
+    import json, os
+    from cute_diskcache.cli import doctor
+    from cute_diskcache.sglang_sites import scan
+    out = []
+    for env in ({}, {"CUTE_DISKCACHE_NATIVE_SITES": "sglang"}):
+        os.environ.update(env)
+        rep = {"sglang": scan.report(), "b12x": {"b12x": None, "sites": [], "summary": {}}}
+        out.append({"block": rep["sglang"], "text": doctor._b12x_lines(rep, False), "strict": doctor.strict_failure(rep)})
+    print(json.dumps(out))
+"""
+
+
+def test_doctor_lists_sglang_sites_with_who_persists_each(sglang_python: str) -> None:
+    """Every row is a function of SGLang 0.5.23 that calls ``cute.compile``; doctor lists the rows as
+    ours, SGLang's FA4 cache's when ``CUTE_DISKCACHE_NATIVE_SITES`` names sglang (the in-memory rows
+    then persisted by nothing, which ``--strict`` fails on), and counts the rest."""
+    ours, left = _child(sglang_python, _DOCTOR, {})
+    block = ours["block"]
+    assert block["sglang"] == "0.5.23" and block["missing_adapter_sites"] == [], block["missing_adapter_sites"]
+    rows = {(s["file"], s["function"]): s["status"] for s in block["sites"] if s["row"]}
+    assert set(rows.values()) == {"cute-diskcache"} and len(rows) == 4
+    assert len(block["sites"]) == 32 and block["summary"] == {"cute-diskcache": 4, "sglang": 2, "nothing": 26}
+    text = "\n".join(ours["text"])
+    assert "cute-diskcache kernels/ops/attention/flash_attn/cute/interface.py:_flash_attn_fwd " in text, text
+    assert "stands aside for the FA4 kernels" in text and ours["strict"] is False
+    statuses = {(s["file"], s["function"]): s["status"] for s in left["block"]["sites"] if s["row"]}
+    assert statuses[("kernels/ops/attention/flash_attn/cute/interface.py", "_flash_attn_fwd")] == "sglang"
+    assert statuses[("kernels/ops/gemm/cutedsl_dsv3_fused_a_gemm.py", "_compiled_kernel")] == "nothing"
+    assert left["strict"] is True
+
+
+def test_the_scan_finds_every_compile_and_a_vanished_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scan can fail: a release that moved a row's compile shows the row as missing (``--strict`` fails)."""
+    from cute_diskcache.sglang_sites import adapter, scan, sites
+
+    target = tmp_path / sites.FA4_INTERFACE_FILE
+    target.parent.mkdir(parents=True)
+    target.write_text("import cutlass.cute as cute\ndef _flash_attn_fwd(x):\n    return cute.compile(x)\n"
+                      "def _compile_fwd_combine_v2(x):\n    def inner():\n        return cute.compile[()](x)\n    return inner()\n")
+    (tmp_path / "multimodal_gen").mkdir()
+    (tmp_path / "multimodal_gen" / "k.py").write_text("import cutlass.cute as cute\ndef f(x):\n    return cute.compile(x)\n")
+    found = {(s["file"], s["function"]) for s in scan.scan(tmp_path)}
+    assert found == {(sites.FA4_INTERFACE_FILE, "_flash_attn_fwd"), (sites.FA4_INTERFACE_FILE, "_compile_fwd_combine_v2.inner")}
+    monkeypatch.setattr(adapter, "package_dir", lambda: str(tmp_path))
+    rep = scan.report()
+    assert rep["missing_adapter_sites"] == sorted(f"{r.file}:{r.function}" for r in sites.ROWS[1:]) and scan.strict_failure(rep)
+
+
+def test_doctor_without_sglang_says_so() -> None:
+    from cute_diskcache.sglang_sites import scan
+
+    rep = scan.report()
+    assert rep["sglang"] is None  # the main interpreter has no SGLang
+    assert scan.render(rep) == ["sglang           not installed"] and not scan.strict_failure(rep)
+
+
+# --------------------------------------------------------------------------------------------
+# The real compile: SGLang's FA4 SM12x decode, cold then fresh; a planted object
+# --------------------------------------------------------------------------------------------
+
+
+def _driver(python: str, root: Path, aot: Path, hook_dir: Path, extra: dict[str, str] | None = None) -> dict[str, Any]:
+    env = _env(root, {"SGLANG_CUTE_AOT_CACHE_DIR": str(aot), **(extra or {})}, hook_dir)
+    proc = subprocess.run([python, str(REPO / "tests" / "sglang_driver.py")], env=env, capture_output=True, text=True,
+                          timeout=TIMEOUT_S, cwd=hook_dir)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["stderr"], out["cache_log"], out["real_compiles"] = split_stderr(proc.stderr)
+    return out
+
+
+def _entries(root: Path) -> list[str]:
+    from cute_diskcache.storage import entry
+
+    return sorted(entry.read_manifest(m.parent)["site"] for m in root.rglob(entry.MANIFEST))
+
+
+@pytest.mark.slow
+def test_fa4_sm120_compiles_on_an_empty_cache_and_nothing_on_a_warm_one(
+        sglang_python: str, tmp_path: Path, compile_hook_dir: Path) -> None:
+    """Issue 41, 4a: SGLang's own FA4 plan and compile for an RTX PRO 6000 (a split-KV decode: the
+    forward and its combine), in a fresh process on an empty cache, then on the warm one."""
+    root, aot = tmp_path / "root", tmp_path / "sglang-aot"
+    cold = _driver(sglang_python, root, aot, compile_hook_dir)
+    assert cold["real_compiles"] == 2 and cold["counters"]["compiles"] == cold["counters"]["writes"] == 2, cold
+    assert cold["standing_aside"] is True and cold["sglang_files"] == [] and cold["sglang_loaded"] == 0
+    assert _entries(root) == sorted([FWD, COMBINE]) and all("sm_120a" in p.name for p in (root / "v1").iterdir())
+    warm = _driver(sglang_python, root, aot, compile_hook_dir)
+    assert warm["real_compiles"] == 0 and warm["counters"]["hits"] == 2 and warm["counters"]["compiles"] == 0, warm
+    assert warm["sglang_files"] == [] and warm["sglang_loaded"] == 0
+
+
+@pytest.mark.slow
+def test_a_planted_object_in_sglang_s_layout_is_never_loaded_while_ours_serves(
+        sglang_python: str, tmp_path: Path, compile_hook_dir: Path) -> None:
+    """Issue 41, 4c. Left to SGLang (``CUTE_DISKCACHE_NATIVE_SITES=sglang``), its cache writes the FA4
+    forward and combine objects; another kernel's object planted at the forward's path is then linked
+    and handed to SGLang as its forward, with no compile (what a hostile file would get). With ours
+    serving, SGLang's directory is never read: nothing is loaded from it, both kernels compile, and
+    the planted file is left as it was."""
+    aot = tmp_path / "sglang-aot"
+    left = _driver(sglang_python, tmp_path / "unused", aot, compile_hook_dir, {"CUTE_DISKCACHE_NATIVE_SITES": "sglang"})
+    assert left["real_compiles"] == 2 and left["counters"]["compiles"] == 0 and left["standing_aside"] is False, left
+    fwd, combine = (next(aot.rglob(f"*/{name}/*.o")) for name in ("fwd", "fwd_combine"))
+    shutil.copyfile(combine, fwd)  # a valid object of another kernel, at the forward's key
+    planted = fwd.read_bytes()
+    hijacked = _driver(sglang_python, tmp_path / "unused", aot, compile_hook_dir, {"CUTE_DISKCACHE_NATIVE_SITES": "sglang"})
+    assert hijacked["sglang_loaded"] == 2 and hijacked["real_compiles"] == 0, hijacked  # SGLang ran the planted file
+    ours = _driver(sglang_python, tmp_path / "root", aot, compile_hook_dir)
+    assert ours["sglang_loaded"] == 0 and ours["standing_aside"] is True, ours
+    assert ours["real_compiles"] == 2 and ours["counters"]["writes"] == 2 and _entries(tmp_path / "root") == sorted([FWD, COMBINE])
+    assert fwd.read_bytes() == planted and len(ours["sglang_files"]) == 2  # untouched: neither read nor rewritten
