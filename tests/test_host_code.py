@@ -301,6 +301,7 @@ def test_a_reused_entry_keeps_the_host_code_record_of_its_source(tmp_path: Path)
     import dataclasses
 
     from _helpers import make_artifact, make_key
+    from cute_diskcache.keys.trace import stage_two_key
     from cute_diskcache.storage import reuse
     from cute_diskcache.storage.store import Store
     from test_review_reuse import ACT, CTX, NEW, OLD, ask, engine
@@ -309,7 +310,7 @@ def test_a_reused_entry_keeps_the_host_code_record_of_its_source(tmp_path: Path)
     store = Store(tmp_path / "root")
     old = make_key("micro", env=OLD)
     assert store.commit(old, dataclasses.replace(make_artifact(), host_cpu=v2.name, host_isa=v2.extensions)) is not None
-    assert reuse.write_record(store, old, reuse.stage_two_key(make_key("micro", env=NEW), ACT, CTX))
+    assert reuse.write_record(store, old, stage_two_key(make_key("micro", env=NEW), ACT, CTX))
     assert ask(engine(tmp_path / "root"), "micro", ACT) == ("loaded", old.digest)
     (linked,) = [p.parent for p in (tmp_path / "root").glob("v1/*/*/*/manifest.msgpack") if p.parent.name != old.digest]
     manifest = entry.read_manifest(linked)

@@ -27,7 +27,7 @@ import pytest
 
 from _helpers import make_artifact, make_env, make_key
 from cute_diskcache.core.cache import CompileCache
-from cute_diskcache.keys.trace import Traced
+from cute_diskcache.keys.trace import Traced, stage_two_key
 from cute_diskcache.storage import eviction, layout, reuse, staleness
 from cute_diskcache.storage.store import Store
 
@@ -49,7 +49,7 @@ def old_entry(store: Store, kind: str, ir: Traced, *, size: int = 16) -> Any:
     """An entry the old release compiled (its cubin ``size`` times its kind), with the record its compile writes."""
     key = make_key(kind, env=OLD)
     assert store.commit(key, make_artifact(cubin_bodies=(kind.encode() * size,))) is not None
-    assert reuse.write_record(store, key, reuse.stage_two_key(make_key(kind, env=NEW), ir, CTX))
+    assert reuse.write_record(store, key, stage_two_key(make_key(kind, env=NEW), ir, CTX))
     return key
 
 
@@ -69,7 +69,7 @@ def ask(cache: CompileCache, kind: str, ir: Traced) -> Any:
 
 def record_of(root: Path, kind: str, ir: Traced) -> Path:
     key = make_key(kind, env=NEW)
-    return reuse._record_path(root, reuse.scope(key.env), reuse.stage_two_key(key, ir, CTX))
+    return reuse._record_path(root, reuse.scope(key.env), stage_two_key(key, ir, CTX))
 
 
 # --------------------------------------------------------------------------------------------
@@ -217,7 +217,7 @@ def test_prune_takes_the_records_and_markers_of_what_it_removed(tmp_path: Path) 
     store = Store(root)
     key = make_key(env=gone)
     store.commit(key, make_artifact())
-    reuse.write_record(store, key, reuse.stage_two_key(make_key(env=NEW), ACT, CTX))
+    reuse.write_record(store, key, stage_two_key(make_key(env=NEW), ACT, CTX))
     assert reuse.possible(Store(root), NEW)
     report = staleness.prune(root, recent=0)
     assert [n["namespace"] for n in report["namespaces"]] == [gone.namespace]

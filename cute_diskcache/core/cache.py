@@ -362,7 +362,7 @@ class CompileCache:
 
         def decide(traced: trace.Traced) -> bool:
             self._count(key.env.namespace, traces=1, trace_seconds=traced.seconds)
-            k2 = reuse.stage_two_key(key, traced, plan.context)
+            k2 = trace.stage_two_key(key, traced, plan.context)
             before = layout.entry_bytes(self.store.entry_dir(key))
             manifest = self._link_first(key, k2)
             if manifest is not None:
@@ -415,7 +415,7 @@ class CompileCache:
             return None
         traced_s = time.perf_counter() - t0
         self._count(key.env.namespace, traces=1, trace_seconds=traced_s)
-        k2 = reuse.stage_two_key(key, traced, plan.context)
+        k2 = trace.stage_two_key(key, traced, plan.context)
         dest = self.store.entry_dir(key)
         try:
             before = layout.entry_bytes(dest)
@@ -571,7 +571,7 @@ class CompileCache:
                 log.warning("could not persist %s kernel: %s: %s", key.site, type(exc).__name__, exc)
             if wrote:
                 # what this compile lowered: the next release's trace finds it
-                self._publish(key, reuse.stage_two_key(key, lowered[-1], plan.context) if plan is not None and lowered else None)
+                self._publish(key, trace.stage_two_key(key, lowered[-1], plan.context) if plan is not None and lowered else None)
         if wrote and made and not made[-1].in_process:
             kernel, extra = self._as_written(key, kernel, extra)
         with self._lock:

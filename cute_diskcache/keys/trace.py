@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterator
 
+from .key import FORMAT_VERSION, CacheKey, encode
+
 log = logging.getLogger("cute_diskcache")
 
 #: Bumped when what :attr:`Traced.ir_digest` covers changes, so old second-stage keys never match.
@@ -341,3 +343,19 @@ def _stop_in(exc: BaseException) -> _Stop | None:
 
 __all__ = ["DIGEST_VERSION", "STOPPED", "TraceUnavailable", "Traced", "compile_traced", "recorder", "recording", "trace_then_lower",
            "traced_ir", "unsupported"]
+
+
+def stage_two_key(key: CacheKey, traced: Traced, context: str) -> str:
+    """The second-stage key: the traced IR (:attr:`Traced.ir_digest`: the module without
+    locations, the DSL's version digest, settings and compile options) and the function it
+    exports, with what the IR does not determine: the DSL stack (tvm-ffi's wrapper and ABI are
+    not in the DSL's version digest), arch, host machine, device class, the codegen variables,
+    the compile's options as the first stage keys them (``keep-ptx``: such entries hold PTX),
+    the entry format and the site's ``context``. Not the flashinfer release, its sources or
+    the site's name: a kernel with the same IR is the same kernel wherever it was compiled."""
+    env = key.env
+    return hashlib.sha256(encode([
+        "cute-diskcache stage two", FORMAT_VERSION, traced.ir_digest, traced.function_name,
+        env.arch, [list(p) for p in env.dsl], [list(p) for p in env.codegen_env], env.machine, env.device,
+        key.options, context,
+    ])).hexdigest()

@@ -1,12 +1,13 @@
-"""Owns the second-stage key: an entry another flashinfer release compiled, found by what the
-kernel *is* (its traced IR), and linked under this release's key (issue 31).
+"""Owns the second-stage records: an entry another flashinfer release compiled, found by what the
+kernel *is* (its traced IR, keyed by :func:`..keys.trace.stage_two_key`), and linked under this
+release's key (issue 31).
 
 The first-stage key (:mod:`..keys.key`) names the flashinfer release and the sources a compile reached:
 cheap to make (no tracing) and right, but every release starts with an empty cache, also for
 kernels whose generated code did not change (docs/performance.md: a patch release kept every
 kernel's traced IR, cubin and host object). After a first-stage miss, for a site whose row allows
 it, the cache traces the kernel (:func:`..keys.trace.traced_ir`, 20-35% of a compile) and looks up
-:func:`stage_two_key`: the traced-IR digest with everything it does not determine. A record found
+:func:`..keys.trace.stage_two_key`: the traced-IR digest with everything it does not determine. A record found
 there names an entry; :func:`link` writes this release's first-stage entry from it (its payload
 files hard-linked, copied where a link cannot be made) and the cache then loads that entry
 exactly as a hit, every check included. The next process hits the first stage.
@@ -92,22 +93,6 @@ def scope(env: Environment) -> str:
     digest = hashlib.sha256(encode(["cute-diskcache reuse scope", FORMAT_VERSION, [list(p) for p in env.dsl], env.device])).hexdigest()
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in f"{env.arch}-{env.machine}")
     return f"{safe}-{digest[:12]}"
-
-
-def stage_two_key(key: CacheKey, traced: Traced, context: str) -> str:
-    """The second-stage key: the traced IR (:attr:`..keys.trace.Traced.ir_digest`: the module without
-    locations, the DSL's version digest, settings and compile options) and the function it
-    exports, with what the IR does not determine: the DSL stack (tvm-ffi's wrapper and ABI are
-    not in the DSL's version digest), arch, host machine, device class, the codegen variables,
-    the compile's options as the first stage keys them (``keep-ptx``: such entries hold PTX),
-    the entry format and the site's ``context``. Not the flashinfer release, its sources or
-    the site's name: a kernel with the same IR is the same kernel wherever it was compiled."""
-    env = key.env
-    return hashlib.sha256(encode([
-        "cute-diskcache stage two", FORMAT_VERSION, traced.ir_digest, traced.function_name,
-        env.arch, [list(p) for p in env.dsl], [list(p) for p in env.codegen_env], env.machine, env.device,
-        key.options, context,
-    ])).hexdigest()
 
 
 def _record_path(root: Path, scope_name: str, k2: str) -> Path:
@@ -440,4 +425,4 @@ def reused_from(manifest: dict[str, Any]) -> str:
 
 
 __all__ = ["NotReusable", "Plan", "REUSE_DIR", "candidates", "find", "link", "open_sealed", "possible", "prune", "release", "releases", "reused_from", "scope", "sealed_local_records",
-           "sealed_record",            "stage_two_key", "write_record"]
+           "sealed_record", "write_record"]
