@@ -124,6 +124,15 @@ def _cache_dir() -> Path:
     return Path.home() / ".cache" / "b12x" / "compile"
 
 
+def _planned(site: dict[str, Any], refused: str | None) -> str | None:
+    """The prewarm flags that plan ``site``'s compiles into our cache (:data:`.sites.PLANNED`), or
+    None: prewarm cannot plan this b12x, the site's kernels are not ours to fill (b12x's own cache
+    keeps them), or vLLM's warm-up reaches it only on the card."""
+    if refused or site["status"] != OURS or site["role"] != "kernel":
+        return None
+    return sites.PLANNED.get((site["file"], site["function"]))
+
+
 def report() -> dict[str, Any]:
     """The b12x block: version, where its code comes from, its cache and switches, its sites."""
     root = adapter.package_dir()
@@ -136,8 +145,14 @@ def report() -> dict[str, Any]:
     disk_on = os.environ.get("B12X_COMPILE_DISK_CACHE", "1").lower() not in ("0", "false", "no", "")
     served = B12XS if left and disk_on else NOTHING if left else OURS
     found = scan(Path(root))
+    refused = prewarm_refusal(Path(root), adapter.version())
     for site in found:
         site["status"] = NOTHING if site["role"] == "direct" else served
+        site["planned"] = _planned(site, refused)
+    planned = sum(1 for f in found if f["planned"])
+    for site in found:
+        if site["role"] == "wrapper":
+            site["planned"] = f"{planned} of {sum(1 for f in found if f['role'] == 'kernel')} kernel functions"
     cache = _cache_dir()
     summary = {s: sum(1 for f in found if f["status"] == s) for s in (OURS, B12XS, NOTHING)}
     return {
@@ -149,11 +164,17 @@ def report() -> dict[str, Any]:
         "b12x_entries": sum(1 for _ in cache.rglob("*.o")) if cache.is_dir() else 0,
         "sites": found,
         "summary": summary,
-        "prewarm_refused": prewarm_refusal(Path(root), adapter.version()),
+        "planned": planned,
+        "prewarm_refused": refused,
         "missing_adapter_sites": sorted(f"{r.file}:{r.function}" for r in sites.ROWS
                                         if not any(f["role"] == "wrapper" and (f["file"], f["function"]) == (r.file, r.function)
                                                    for f in found)),
     }
+
+
+def _plans_text(site: dict[str, Any]) -> str:
+    """A site's "prewarm plans" cell: the flags, the wrapper's count, or "no"."""
+    return str(site.get("planned") or "no")
 
 
 def render(rep: dict[str, Any], show_all: bool = False) -> list[str]:
@@ -170,18 +191,21 @@ def render(rep: dict[str, Any], show_all: bool = False) -> list[str]:
         f"{rep['b12x_entries']} b12x entries)" + ("" if rep["native"] else ", stands aside for b12x's compiles: ours serves them"),
         f"b12x compile sites: {len(rep['sites'])}  " + "  ".join(f"{k} {v}" for k, v in summary.items()),
     ]
-    shown = [s for s in rep["sites"] if s["role"] != "kernel" or show_all]
+    # The planned kernel functions always: which of b12x's kernels a deploy can have before the engine starts.
+    shown = [s for s in rep["sites"] if s["role"] != "kernel" or show_all or s.get("planned")]
     width = max([len(f"{s['file']}:{s['function']}") for s in shown] + [4])
-    lines.append(f"  {'persisted by':<15}{'site':<{width}}  how")
+    plans = max([len(_plans_text(s)) for s in shown] + [13])
+    lines.append(f"  {'persisted by':<15}{'site':<{width}}  {'prewarm plans':<{plans}}  how")
     for s in shown:
         how = {"wrapper": sites.NOTE if s["status"] == OURS else "b12x's one compile wrapper, left to b12x's own disk cache"
                + (" (CUTE_DISKCACHE_NATIVE_SITES names b12x)" if rep["native"] else ""),
                "kernel": "through the wrapper",
                "direct": "calls cute.compile outside b12x's wrapper: no row covers it"}[s["role"]]
-        lines.append(f"  {s['status']:<15}{s['file'] + ':' + s['function']:<{width}}  {how}")
-    if kernels and not show_all:
-        lines.append(f"  ... and {len(kernels)} kernel functions behind the wrapper, each persisted by "
-                     f"{kernels[0]['status']} (--all lists them)")
+        lines.append(f"  {s['status']:<15}{s['file'] + ':' + s['function']:<{width}}  {_plans_text(s):<{plans}}  {how}")
+    hidden = [s for s in kernels if s not in shown]
+    if hidden:
+        lines.append(f"  ... and {len(hidden)} more kernel functions behind the wrapper, each persisted by "
+                     f"{hidden[0]['status']}, none planned by prewarm: compiled at the engine's first start (--all lists them)")
     if rep.get("prewarm_refused"):
         lines.append(f"b12x prewarm     refused: {rep['prewarm_refused']}")
     if rep.get("missing_adapter_sites"):

@@ -49,6 +49,17 @@ NOT_CODEGEN_KWARGS = frozenset({"no_jit_engine"})
 #: What ``doctor`` says of the row.
 NOTE = "b12x's one compile wrapper: every b12x kernel, keyed by everything the compile receives"
 
+#: The kernel functions (``doctor``'s b12x sites) whose compiles ``prewarm`` plans, with the flags
+#: that plan them: the functions vLLM's warm-up reaches through b12x for the bundled models, as
+#: running the planners shows (``tests/test_b12x_planned.py`` runs them and compares). Every other
+#: b12x kernel function compiles at the engine's first start, through the wrapper into our cache,
+#: and hits from then on; ``docs/versions.md``'s survey says why each family is not planned.
+PLANNED: dict[tuple[str, str], str] = {
+    ("_lib/dense_gemm.py", "_get_compiled_dense_gemm"): "--linear-backend b12x (NVFP4)",
+    ("moe/fused_moe/_impl.py", "_get_micro_kernel"): "--moe-backend b12x (NVFP4)",
+    ("moe/fused_moe/_impl.py", "_get_dynamic_kernel"): "--moe-backend b12x (NVFP4)",
+}
+
 #: What prewarm's planning (:mod:`.planning`) calls in b12x, by file: its preparation system
 #: (declarations, device identity, the compile jobs of a configuration) and its GPU-less compile
 #: workers, both first in b12x 1.5.0 (1.5.0 and 1.5.1 ship the same code). A b12x without them
