@@ -1,4 +1,5 @@
-"""Owns the stand-ins for a card that is not in the machine (a target profile): what flashinfer asks.
+"""flashinfer's stand-ins for a card that is not in the machine (a target profile): what flashinfer
+asks beyond ``torch.cuda``'s queries, which :mod:`..keys.targets` answers for every library.
 
 With a profile active, flashinfer's device queries are answered from it, so an offline compile
 takes the decisions the card would (:func:`apply_profile`, for every site module as it is

@@ -6,6 +6,11 @@ missing is the handful of device queries the compile sites make (SM count, capab
 active clusters, the current stream). A profile answers them with the card's real values.
 
 With a GPU present and no profile asked for, nothing here runs: real queries, real answers.
+
+A card that is not here has three homes, by who asks: this module holds the profiles and answers
+``torch.cuda``'s queries, which every library makes; what one library asks beyond them is its
+adapter's (flashinfer: :mod:`..flashinfer_sites.offline` and :mod:`..flashinfer_sites.gemm_offline`;
+b12x is handed the profile's device identity by :mod:`..b12x_sites.planning`).
 """
 
 from __future__ import annotations
