@@ -99,3 +99,41 @@ def test_doctor_names_as_planned_exactly_the_kernel_functions_prewarm_reaches(b1
     for site in reached:
         assert any(site in line and str(planned[site]) in line for line in doctor), (site, doctor)
     assert any(f"{len(reached)} of {len(planned)} kernel functions" in line for line in doctor), doctor
+
+
+_PAGED = """
+    import json, types, torch
+    from cute_diskcache.b12x_sites import planning
+    planning.init_worker("rtx-pro-6000")  # b12x's GPU-less compile environment, as prewarm's workers
+    from b12x.attention import paged
+
+    said = {}
+    try:  # vLLM's decode plan sizing, on the only device a CPU box has
+        paged.decode_graph_capacity(device=torch.device("cpu"), q_dtype=torch.bfloat16, kv_dtype=torch.bfloat16,
+                                    num_q_heads=32, num_kv_heads=4, head_dim_qk=128, head_dim_vo=128, page_size=128,
+                                    batch=1, max_cache_page_count=320, window_left=-1)
+        said["cpu"] = "planned"
+    except Exception as exc:
+        said["cpu"] = f"{type(exc).__name__}: {exc}"
+    try:  # vLLM's extend warm-up: paged.compile on a heuristic binding of real tensors
+        paged.compile(binding=types.SimpleNamespace(plan=None, q=torch.zeros((1, 32, 128), dtype=torch.bfloat16)))
+        said["compile"] = "compiled"
+    except Exception as exc:
+        said["compile"] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(said))
+"""
+
+
+def test_b12x_paged_attention_is_not_plannable_on_a_cpu_for_the_reasons_the_survey_gives(b12x_python: str,
+                                                                                          tmp_path: Path) -> None:
+    """docs/versions.md's B12X attention row says why prewarm does not plan it, read from b12x 1.5.1:
+    its paged planning refuses a non-CUDA device, and ``paged.compile`` (what vLLM 0.34's extend
+    warm-up calls) reads ``fake_mode`` off the binding's query, which a real tensor lacks. A b12x that
+    changes either fails here: the row's reason, and doctor's "no", are then to be looked at again."""
+    root = tmp_path / "root"
+    proc = subprocess.run([b12x_python, "-c", textwrap.dedent(_PAGED)], env=_env(root, {}), capture_output=True, text=True,
+                          timeout=TIMEOUT_S, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    said = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert said["cpu"] == "ValueError: decode CUDA-graph capacity requires a CUDA device", said
+    assert said["compile"] == "AttributeError: 'Tensor' object has no attribute 'fake_mode'", said
