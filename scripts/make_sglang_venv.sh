@@ -26,7 +26,7 @@ pins=("sglang==0.5.23" "quack-kernels==0.6.5" "apache-tvm-ffi==0.1.11")
 imports=(orjson==3.13.0 psutil==7.2.2 pybase64==1.5.1 pillow==13.0.0 starlette==1.10.0 msgspec==0.23.0
          pydantic==2.14.4 pydantic_core==2.50.5 pyzmq==27.3.0 ipython==9.19.1 traitlets==5.16.1 pygments==2.21.0
          typing_inspection==0.4.5 aiohttp==3.14.5 multidict==7.2.1 attrs==26.1.0 yarl==1.25.1 propcache==0.5.4
-         aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0)
+         aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0 safetensors==0.8.0)
 
 venv="${venv%/}"
 mkdir -p "$(dirname "$venv")"
@@ -36,7 +36,8 @@ if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv --without-pip "$venv"
 fi
 site="$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-if ! "$venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("sglang") != "0.5.23" or m.version("flashinfer-python") != "0.7.2")' 2>/dev/null; then
+stamp="$venv/sglang-venv.txt"  # what was installed: a list that grew since reinstalls the lot
+if [ "$(cat "$stamp" 2>/dev/null)" != "${pins[*]} ${imports[*]}" ]; then
     if [ -z "${CUTE_DISKCACHE_SGLANG_CELL:-}" ]; then
         "$python" - "$repo/scripts" <<'PY'
 import sys
@@ -51,8 +52,9 @@ PY
     # Lowest priority: the venv's own packages (SGLang's tvm-ffi pin) shadow the cell's.
     echo "import site; site.addsitedir('$cell_site')" > "$site/zz_sglang_cell.pth"
     "$python" -m pip --python "$venv/bin/python" install --quiet --no-deps "${pins[@]}" "${imports[@]}"
+    echo "${pins[*]} ${imports[*]}" > "$stamp"
 fi
-"$venv/bin/python" -c 'import sglang.kernels.jit.cute_aot_cache'  # SGLang's package and its import-time dependencies
+"$venv/bin/python" -c "import sglang.kernels.jit.cute_aot_cache, sglang.srt.arg_groups.cuda_graph_hook"  # its package, and what prewarm imports
 exec 9>&-
 "$venv/bin/python" -c 'import importlib.metadata as m; print("sglang venv ready:", ", ".join(f"{d}=={m.version(d)}" for d in ("sglang", "flashinfer-python", "nvidia-cutlass-dsl", "apache-tvm-ffi", "torch")))'
 echo "export CUTE_DISKCACHE_SGLANG_PYTHON=$venv/bin/python"

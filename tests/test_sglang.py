@@ -177,3 +177,56 @@ def test_a_planted_object_in_sglang_s_layout_is_never_loaded_while_ours_serves(
     assert ours["sglang_loaded"] == 0 and ours["standing_aside"] is True, ours
     assert ours["real_compiles"] == 2 and ours["counters"]["writes"] == 2 and _entries(tmp_path / "root") == sorted([FWD, COMBINE])
     assert fwd.read_bytes() == planted and len(ours["sglang_files"]) == 2  # untouched: neither read nor rewritten
+
+
+# --------------------------------------------------------------------------------------------
+# prewarm / check --engine sglang (issue 41 item 3)
+# --------------------------------------------------------------------------------------------
+
+PLAN = ["llama-3.1-8b-nvfp4", "--engine", "sglang", "--attention-backend", "fa4", "--target", "rtx-pro-6000",
+        "--context-length", "8192"]
+
+
+def _cli(python: str, root: Path, hook_dir: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([python, *argv], env=_env(root, {}, hook_dir), capture_output=True, text=True,
+                          timeout=TIMEOUT_S, cwd=hook_dir)
+
+
+def test_prewarm_dry_run_plans_sglang_s_decode_capture(sglang_python: str, tmp_path: Path, compile_hook_dir: Path) -> None:
+    """SGLang's decode CUDA-graph batch sizes for a 96 GB card at TP 1 (its own generator, up to 256),
+    each call planned by SGLang's SM120 forward host: nothing compiled, nothing written."""
+    root = tmp_path / "root"
+    proc = _cli(sglang_python, root, compile_hook_dir, "-m", "cute_diskcache.prewarm", *PLAN, "--root", str(root),
+                "--dry-run", "--json")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout)
+    sizes = out["batch_sizes"]
+    assert sizes[:6] == [1, 2, 4, 8, 12, 16] and sizes[-1] == 256 and len(sizes) == 36, sizes
+    assert out["attention"] == {"heads": 32, "kv_heads": 8, "head_dim": 128, "page_size": 1, "context_length": 8192}
+    assert out["kernels"] == 3 and out["kernels_compiled"] == 0 and not (root / "v1").exists()
+    assert sorted(k for r in out["job_list"] for k in r["kernels"]) == sorted([FWD, COMBINE, FWD])
+    refused = _cli(sglang_python, root, compile_hook_dir, "-m", "cute_diskcache.prewarm", *PLAN[:3], "--target", "rtx-pro-6000",
+                   "--dry-run", "--json")
+    assert refused.returncode == 2 and "--attention-backend fa4" in refused.stderr
+
+
+@pytest.mark.slow
+def test_prewarm_then_check_and_a_fresh_sglang_process_compiles_nothing(
+        sglang_python: str, tmp_path: Path, compile_hook_dir: Path) -> None:
+    """Issue 41 item 3 and 4a on a prewarmed cache: prewarm compiles the kernels SGLang's capture at
+    batch sizes 1 and 24 needs; check exits 0 on that root and 1 on an empty one; SGLang's own FA4
+    decode at batch 1 in a fresh process then compiles nothing."""
+    root = tmp_path / "root"
+    warm = _cli(sglang_python, root, compile_hook_dir, "-m", "cute_diskcache.prewarm", *PLAN, "--cuda-graph-bs", "1", "24",
+                "--root", str(root), "--jobs", "2", "--json")
+    assert warm.returncode == 0, warm.stderr[-4000:]
+    out = json.loads(warm.stdout)
+    assert out["kernels_compiled"] == 3 and out["errors"] == 0 and _entries(root) == sorted([FWD, FWD, COMBINE])
+    ok = _cli(sglang_python, root, compile_hook_dir, "-m", "cute_diskcache", "--root", str(root), "check", *PLAN,
+              "--cuda-graph-bs", "1", "24")
+    assert ok.returncode == 0 and ok.stdout.startswith("ok: all 3 kernels"), ok.stdout + ok.stderr[-3000:]
+    empty = _cli(sglang_python, tmp_path / "empty", compile_hook_dir, "-m", "cute_diskcache", "--root", str(tmp_path / "empty"),
+                 "check", *PLAN, "--cuda-graph-bs", "1", "24")
+    assert empty.returncode == 1 and "3 missing" in empty.stdout, empty.stdout + empty.stderr[-3000:]
+    served = _driver(sglang_python, root, tmp_path / "sglang-aot", compile_hook_dir, {"SGLANG_DRIVER_SHAPE": "1,32,8,128,1,8192"})
+    assert served["real_compiles"] == 0 and served["counters"]["hits"] == 2 and served["counters"]["compiles"] == 0, served

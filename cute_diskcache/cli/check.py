@@ -167,10 +167,37 @@ def _plan_b12x_moe(args: argparse.Namespace, root: Path) -> tuple[str, list[str]
     return str(args.model), [], rows
 
 
+def _plan_sglang(args: argparse.Namespace, root: Path) -> tuple[str, list[str], list[dict[str, Any]]]:
+    """(model, notes, judged rows) of ``--engine sglang``: the FA4 kernels of SGLang's decode capture
+    as ``prewarm --engine sglang`` plans them (:func:`..prewarm.sglang.requests`)."""
+    from ..prewarm import sglang as prewarm_sglang
+    from ..sglang_sites import adapter
+
+    try:
+        att, sizes = prewarm_sglang.resolve(args)
+    except prewarm_sglang.Refused as exc:
+        raise CliError(str(exc)) from None
+    if adapter.left_to_sglang():
+        raise CliError(f"{config.env_name('native_sites')} names sglang: SGLang's FA4 kernels are kept by SGLang's own "
+                       "cute_aot cache, which check does not judge")
+    kernels: dict[str, prewarm.Kernel] = {}
+    with _read_only_settings(str(root)):
+        for bs, requests in prewarm_sglang.requests(args, att, sizes):
+            for r in requests:
+                k = kernels.setdefault(r["digest"], prewarm.Kernel(r["digest"], r["site"].removeprefix("sglang."), key=r["key"],
+                                                                   group="sglang", extra_ok=r["extra_ok"]))
+                k.ms.append(bs)
+        if not kernels:
+            raise CliError(f"SGLang requested no FA4 kernel for {args.model}; nothing to check")
+        rows = judge(kernels)
+    return str(args.model), ["SGLang's prefill kernels are not planned: the engine's first start compiles them"], rows
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     root, source = root_of(args)
     plan = _plan_b12x if getattr(args, "linear_backend", "flashinfer") == "b12x" else _plan_flashinfer
     plan = _plan_b12x_moe if getattr(args, "moe_backend", "flashinfer_b12x") == "b12x" else plan
+    plan = _plan_sglang if getattr(args, "engine", "vllm") == "sglang" else plan
     model, notes, rows = plan(args, root)
     bad = [r for r in rows if r["status"] != coverage.OK]
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in (coverage.OK, coverage.MISSING, coverage.UNUSABLE)}

@@ -506,6 +506,12 @@ def argv_of_plan(args: argparse.Namespace) -> list[str]:
     out += ["--no-autotune"] if not args.autotune else []
     out += ["--linear-backend", "b12x"] if getattr(args, "linear_backend", "flashinfer") == "b12x" else []
     out += ["--moe-backend", "b12x"] if getattr(args, "moe_backend", "flashinfer_b12x") == "b12x" else []
+    if getattr(args, "engine", "vllm") == "sglang":
+        out += ["--engine", "sglang", "--attention-backend", str(args.attention_backend), "--page-size", str(args.page_size)]
+        out += ["--context-length", str(args.context_length)] if args.context_length else []
+        out += ["--max-running-requests", str(args.max_running_requests)] if args.max_running_requests else []
+        out += ["--cuda-graph-max-bs", str(args.cuda_graph_max_bs)] if args.cuda_graph_max_bs else []
+        out += ["--cuda-graph-bs", *map(str, args.cuda_graph_bs)] if args.cuda_graph_bs else []
     return out
 
 
@@ -548,7 +554,7 @@ def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("model", nargs="?", default=argparse.SUPPRESS, metavar="MODEL",
                     help="local dir / config.json, Hugging Face repo id, or bundled name (--list-models); as `vllm serve MODEL`")
     ap.add_argument("--model", dest="model", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--tensor-parallel-size", "-tp", "--tp", dest="tp", type=int, default=1, metavar="N",
+    ap.add_argument("--tensor-parallel-size", "-tp", "--tp", "--tp-size", dest="tp", type=int, default=1, metavar="N",
                     help="the engine's tensor parallel size (shards the MoE intermediate size and the dense layers)")
     ap.add_argument("--data-parallel-size", "-dp", dest="dp", type=int, default=1, metavar="N",
                     help="the engine's data parallel size: vLLM shards the MoE layers over tp x dp ranks")
@@ -576,6 +582,20 @@ def add_plan_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--moe-backend", choices=("flashinfer_b12x", "b12x"), default="flashinfer_b12x",
                     help="whose fused-MoE kernels: flashinfer's b12x MoE (default) or the b12x package's (vLLM's "
                          "--moe-backend b12x; its MoE kernels only; needs b12x installed and --target)")
+    # SGLang's names (`python -m sglang.launch_server --model-path MODEL --attention-backend fa4 --tp-size 2 ...`).
+    ap.add_argument("--engine", choices=("vllm", "sglang"), default="vllm",
+                    help="whose engine start to plan: vLLM's (default) or SGLang's (its FA4 decode kernels on sm12x; "
+                         "needs SGLang installed, --target and --attention-backend fa4)")
+    ap.add_argument("--attention-backend", default=None, metavar="NAME", help="as SGLang's; --engine sglang plans fa4")
+    ap.add_argument("--page-size", type=int, default=1, metavar="N", help="as SGLang's --page-size (default 1)")
+    ap.add_argument("--context-length", type=int, default=None, metavar="N",
+                    help="as SGLang's: the static max_seqlen_k of its SM12x decode (default: the model's max_position_embeddings)")
+    ap.add_argument("--max-running-requests", type=int, default=None, metavar="N",
+                    help="as SGLang's: caps the decode CUDA-graph batch sizes")
+    ap.add_argument("--cuda-graph-max-bs", type=int, default=None, metavar="N",
+                    help="as SGLang's (default: SGLang's for the target's memory and --tp-size)")
+    ap.add_argument("--cuda-graph-bs", type=int, nargs="+", default=None, metavar="BS",
+                    help="as SGLang's: the decode CUDA-graph batch sizes, instead of SGLang's list up to --cuda-graph-max-bs")
     ap.add_argument("--no-autotune", dest="autotune", action="store_false",
                     help="the engine does not autotune flashinfer (vLLM: enable_flashinfer_autotune=False, -O0): plan "
                          "only the dense GEMM's default tactics, not every tactic the tuner runs")
@@ -800,6 +820,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.list_models:
         print("\n".join(models.bundled()))
         return 0
+    if getattr(args, "engine", "vllm") == "sglang":
+        from . import sglang as prewarm_sglang
+
+        return prewarm_sglang.run(args)
     if getattr(args, "moe_backend", "flashinfer_b12x") == "b12x":
         from . import b12x_moe
 
