@@ -121,6 +121,59 @@ def test_doctor_without_sglang_says_so() -> None:
     assert scan.render(rep) == ["sglang           not installed"] and not scan.strict_failure(rep)
 
 
+_ASIDE = """
+    import json
+    import cute_diskcache
+    cute_diskcache.install(target="rtx-pro-6000")
+    from sglang.kernels.jit import cute_aot_cache as aot
+    from sglang.kernels.ops.attention.flash_attn.cute import interface
+    from cute_diskcache.sglang_sites import native, sites
+    kinds = lambda: sorted({type(getattr(getattr(interface, f), a)).__name__ for f, a in sites.AOT_CACHES})
+    out = {"aside": native.standing_aside(interface), "kinds": kinds()}
+    cute_diskcache.uninstall()
+    out.update(after=native.standing_aside(interface), kinds_after=kinds())
+    print(json.dumps(out))
+"""
+
+
+def test_sglang_s_fa4_cache_stands_aside_and_comes_back(sglang_python: str, tmp_path: Path) -> None:
+    """One kernel, one cache: as the FA4 interface is imported, its four persistent caches become
+    SGLang's own in-memory ones; uninstall puts SGLang's back. Left to SGLang, nothing is replaced."""
+    aot = {"SGLANG_CUTE_AOT_CACHE_DIR": str(tmp_path / "aot")}
+    out = _child(sglang_python, _ASIDE, aot)
+    assert out == {"aside": True, "kinds": ["JITCache"], "after": False, "kinds_after": ["JITPersistentCache"]}
+    left = _child(sglang_python, _ASIDE, {**aot, "CUTE_DISKCACHE_NATIVE_SITES": "sglang"})
+    assert left["aside"] is False and left["kinds"] == ["JITPersistentCache"]
+
+
+def test_a_keyword_wrapper_with_a_default_that_is_no_plain_value_keeps_its_convention() -> None:
+    """SGLang's FA4 forward defaults ``aux_data`` to an ``AuxData`` tuple and a flag to ``Int32(0)``:
+    no convention was stored for it, so its entry was refused at every hit (the warm run compiled the
+    forward again). Now the parameters up to the last such default are required on a hit; a call that
+    passes them all (SGLang's) goes through, one that leans on that default fails loudly."""
+    from cute_diskcache.core.convention import Convention, calling_convention, convention_ok
+
+    class Aux(tuple):  # a NamedTuple-like default
+        pass
+
+    def wrapper(q, aux=Aux(), flag=object(), window=None, *, stream=None, scale=object()):  # noqa: B008
+        raise AssertionError("the compiled wrapper is not called on a hit")
+
+    class Compiled:
+        _kwargs_wrapper = staticmethod(wrapper)
+
+    conv = calling_convention(Compiled())
+    assert conv == {"arg_names": ["q", "aux", "flag", "window"], "arg_defaults": [None], "kwonly_names": ["stream", "scale"],
+                    "kwonly_defaults": {"stream": None}} and convention_ok(conv)
+    calls = []
+    hit = Convention(lambda *a: calls.append(a), conv)
+    hit(1, 2, 3, 4, stream=5, scale=6)
+    hit(1, 2, 3, stream=5, scale=6)  # the plain trailing default is still filled in
+    assert calls == [(1, 2, 3, 4, 5, 6), (1, 2, 3, None, 5, 6)]
+    with pytest.raises(TypeError):
+        hit(1, stream=5, scale=6)  # leaned on the AuxData default: refused, never a wrong value
+
+
 # --------------------------------------------------------------------------------------------
 # The real compile: SGLang's FA4 SM12x decode, cold then fresh; a planted object
 # --------------------------------------------------------------------------------------------
