@@ -56,8 +56,10 @@ _KEYS = """
 
 
 def _run(python: str, code: str, root: Path, *argv: str) -> Any:
+    # ``python -c`` puts its working directory first on sys.path: the test's own folder, never the
+    # checkout's tests/ (a module another engineer adds there would shadow the child's imports).
     proc = subprocess.run([python, "-c", textwrap.dedent(code), *argv], env=_env(root, {}), capture_output=True, text=True,
-                          timeout=TIMEOUT_S, cwd=str(REPO / "tests"))
+                          timeout=TIMEOUT_S, cwd=str(root.parent))
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
