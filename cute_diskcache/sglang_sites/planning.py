@@ -67,8 +67,11 @@ def capture_sizes(max_bs: int, max_running_requests: int | None = None) -> list[
     return sorted(set(sizes))
 
 
-def decode(att: Attention, bs: int) -> None:
-    """SGLang's FA4 decode call for one captured batch size (fake tensors: compiles, never launches)."""
+def decode(att: Attention, bs: int, fake: bool = True) -> None:
+    """SGLang's FA4 decode call for one captured batch size: on fake tensors (compiles, never
+    launches), or on real CUDA zeros (``fake=False``: a GPU box checking what the CPU planned)."""
+    import contextlib
+
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -77,9 +80,9 @@ def decode(att: Attention, bs: int) -> None:
     policy = fa4.get_flash_attention_v4_sm120_runtime_policy(device_capability=torch.cuda.get_device_capability(),
                                                              deterministic=False)
     pages_per_seq = math.ceil(att.context_length / att.page_size)
-    with FakeTensorMode():
+    with FakeTensorMode() if fake else contextlib.nullcontext():
         def empty(*shape: int, dtype: Any = torch.int32) -> Any:
-            return torch.empty(*shape, dtype=dtype, device="cuda")
+            return (torch.empty if fake else torch.zeros)(*shape, dtype=dtype, device="cuda")
 
         cache = (bs * pages_per_seq, att.page_size, att.kv_heads, att.head_dim)
         fa4.flash_attn_with_kvcache(q=empty(bs, att.heads, att.head_dim, dtype=torch.bfloat16),
