@@ -145,7 +145,8 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out):
-            rc = prewarm.main(_plan_argv(args.model, args.max_num_batched_tokens, ["--dry-run", "--json"]))
+            extra = ["--dry-run", "--json", *(["--m", args.m] if args.m else [])]
+            rc = prewarm.main(_plan_argv(args.model, args.max_num_batched_tokens, extra))
     except Exception as exc:  # flashinfer refusing the shape: reported, the test decides
         return {"error": f"{type(exc).__name__}: {exc}", "seconds": time.perf_counter() - t0}
     seconds = time.perf_counter() - t0
@@ -196,6 +197,7 @@ def main() -> int:
     ap.add_argument("model", nargs="?", help="plan: the model (serve reads its models from --kernels)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--kernels", help="serve: a JSON file holding a plan's kernel list")
+    ap.add_argument("--m", help="plan: only these token counts (prewarm's --m), under the same batched-token budget")
     args = ap.parse_args()
     report = plan(args) if args.mode == "plan" else serve(args)
     sys.stdout.write(json.dumps(report) + "\n")
