@@ -283,3 +283,39 @@ def test_prewarm_then_check_and_a_fresh_sglang_process_compiles_nothing(
     assert empty.returncode == 1 and "3 missing" in empty.stdout, empty.stdout + empty.stderr[-3000:]
     served = _driver(sglang_python, root, tmp_path / "sglang-aot", compile_hook_dir, {"SGLANG_DRIVER_SHAPE": "1,32,8,128,1,8192"})
     assert served["real_compiles"] == 0 and served["counters"]["hits"] == 2 and served["counters"]["compiles"] == 0, served
+
+
+_QWEN3X = """
+    import json, sys
+    import cute_diskcache
+    cute_diskcache.install(target="rtx-pro-6000")
+    from sglang.kernels.kda_kernels import qwen3x_nvfp4_gemm_sm120 as q
+    sf_m, sf_n, sf_k = map(int, sys.argv[1:4])
+    q._compile_decode_kernel(0, sf_m, sf_n, sf_k, direct_scheduler=True, m1_epilogue=True, cache_policy=True)
+    print(json.dumps(cute_diskcache.counters()))
+"""
+
+
+@pytest.mark.slow
+def test_the_qwen3x_nvfp4_gemm_row_compiles_once_and_serves_every_shape(
+        sglang_python: str, tmp_path: Path, compile_hook_dir: Path) -> None:
+    """SGLang's default NVFP4 decode GEMM on sm_120 (Qwen3.x shapes), through SGLang's own compile
+    function as ``_run_qwen3x_nvfp4_gemm`` calls it: a cold process compiles it (SGLang keeps it in
+    memory only), a fresh one with another layer's scale-factor extents (runtime ``Int32``
+    arguments, as SGLang's own in-process key assumes) hits it. The profile stands in for
+    ``torch.cuda.device`` on a CPU torch."""
+    root = tmp_path / "root"
+
+    def run(*sf: int) -> tuple[dict[str, Any], int | None]:
+        proc = subprocess.run([sglang_python, "-c", textwrap.dedent(_QWEN3X), *map(str, sf)], env=_env(root, {}, compile_hook_dir),
+                              capture_output=True, text=True, timeout=TIMEOUT_S, cwd=compile_hook_dir)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1]), split_stderr(proc.stderr)[2]
+
+    # m=1 on two Qwen3.x projections with n < k (direct scheduler): (k, n) = (9216, 2560), then
+    # (12288, 4096); sf_m, sf_n, sf_k = ceil(m/128), ceil(n/128), ceil(k/16/4), as SGLang computes them.
+    cold, compiled = run(1, 20, 144)
+    assert compiled == 1 and cold["writes"] == 1, cold
+    warm, compiled = run(1, 32, 192)
+    assert compiled == 0 and warm["hits"] == 1 and warm["compiles"] == 0, warm
+    assert _entries(root) == ["sglang.qwen3x_nvfp4_gemm"]

@@ -329,6 +329,8 @@ def apply(profile: DeviceProfile | str, *, force: bool = False) -> DeviceProfile
     tc.is_current_stream_capturing = lambda: False
     if not hasattr(torch._C, "_cuda_getCurrentRawStream"):  # a CPU torch: SGLang's FA4 reads it at import
         torch._C._cuda_getCurrentRawStream = lambda device=None: 0
+    if torch.version.cuda is None:  # a CPU torch: ``with torch.cuda.device(i)`` (SGLang's Qwen3.x GEMM compiles under it)
+        tc._exchange_device = tc._maybe_exchange_device = lambda device: 0
     _active = p
     log.info("compiling for target profile %s (%s, %d SMs)", p.name, p.arch, p.sm_count)
     return p
