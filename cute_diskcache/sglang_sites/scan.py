@@ -149,8 +149,8 @@ def render(rep: dict[str, Any], show_all: bool = False) -> list[str]:
         lines.append(f"  {s['status']:<15}{s['file'] + ':' + s['function']:<{width}}  {how}")
     others = len(rep["sites"]) - len(shown)
     if others:
-        lines.append(f"  ... and {others} sites an sm12x engine start does not reach by default (--all lists them; "
-                     "docs/versions.md says which flag selects each)")
+        lines.append(f"  ... and {others} sites without a row: SM100-only, opt-in or model-specific (--all lists them; "
+                     "docs/versions.md says which flag selects each and whether sm12x runs it)")
     if rep.get("missing_adapter_sites"):
         lines += ["adapter sites not found in this SGLang's source (renamed or reworked upstream):",
                   *(f"  {m}" for m in rep["missing_adapter_sites"])]
