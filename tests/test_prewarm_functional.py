@@ -5,8 +5,9 @@ with the largest batch a process has served; 0.7.4 grows it in power-of-two step
 are a finite set that prewarm plans by driving flashinfer (``flashinfer_sites.functional``).
 The proof is an engine-like process that calls flashinfer's *functional API* (prewarm planned
 with the wrapper built without CUDA graphs, which shares its workspace cache) for batch sizes in
-an arbitrary order, growing the workspace as it goes, and compiles nothing. The same process on a
-cache prewarmed the CUDA-graph way compiles: the functional plan is what makes the difference.
+an arbitrary order, growing the workspace as it goes, and compiles nothing. The control: kernels
+that process requested are missing from a CUDA-graph-mode plan of the same m (what such a
+prewarm writes), so on that cache it would compile: the functional plan is what makes the difference.
 
 Runs in the flashinfer 0.7.4 interpreter of tests/test_flashinfer_074.py
 (``$CUTE_DISKCACHE_FI074_PYTHON``, built by scripts/make_fi074_venv.sh; ``off`` skips).
@@ -75,11 +76,15 @@ def fi074() -> str:
     return FI074
 
 
+def _write_model(directory: Path) -> Path:
+    (directory / "model").mkdir()
+    (directory / "model" / "config.json").write_text(json.dumps(CONFIG))
+    return directory / "model"
+
+
 @pytest.fixture
 def model(tmp_path: Path) -> Path:
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "config.json").write_text(json.dumps(CONFIG))
-    return tmp_path / "model"
+    return _write_model(tmp_path)
 
 
 def _prewarm(python: str, model: Path, root: Path, hook_dir: Path, *extra: str) -> dict[str, Any]:
@@ -88,10 +93,21 @@ def _prewarm(python: str, model: Path, root: Path, hook_dir: Path, *extra: str) 
     return json.loads(_run(python, args, root, hook_dir).stdout)
 
 
-@pytest.mark.slow
-def test_functional_prewarm_covers_any_batch_history(fi074: str, model: Path, tmp_path: Path, compile_hook_dir: Path) -> None:
-    root = tmp_path / "root"
+@pytest.fixture(scope="module")
+def functional(fi074: str, tmp_path_factory: pytest.TempPathFactory, compile_hook_dir: Path) -> dict[str, Any]:
+    """The functional flow once per module: plan, prewarm, the engine's batch history, prewarm again."""
+    base = tmp_path_factory.mktemp("functional")
+    model, root = _write_model(base), base / "root"
     plan = _prewarm(fi074, model, root, compile_hook_dir, "--functional", "--dry-run")
+    done = _prewarm(fi074, model, root, compile_hook_dir, "--functional")
+    engine = _engine(fi074, root, compile_hook_dir)
+    again = _prewarm(fi074, model, root, compile_hook_dir, "--functional")
+    return {"model": model, "root": root, "plan": plan, "done": done, "engine": engine, "again": again}
+
+
+@pytest.mark.slow
+def test_functional_prewarm_covers_any_batch_history(functional: dict[str, Any]) -> None:
+    plan, done, engine, again = functional["plan"], functional["done"], functional["engine"], functional["again"]
     assert plan["functional"] is True and set(plan["by_kind"]) <= {"micro", "static", "dynamic"}
     # Every recipe ends at an m its kernel lists; the same m at two workspace sizes is two
     # kernels, so there are more micro kernels than m values taking the micro kernel.
@@ -99,28 +115,30 @@ def test_functional_prewarm_covers_any_batch_history(fi074: str, model: Path, tm
     micro = [k for k in plan["kernel_list"] if k["kind"] == "micro"]
     assert len(micro) > len({m for k in micro for m in k["ms"]})
 
-    done = _prewarm(fi074, model, root, compile_hook_dir, "--functional")
     assert done["failed"] == 0 and done["compiled"] == plan["kernels"] and done["already_cached"] == 0, done
 
-    engine = _engine(fi074, root, compile_hook_dir)
     assert engine["flashinfer"] == "0.7.4"
     assert engine["real_compiles"] == 0 and engine["counters"]["compiles"] == 0, engine
     assert engine["counters"]["hits"] == len(engine["events"]) > 0 and all(e[2] == "hit" for e in engine["events"])
     assert all(engine["launch_errors"]), "without a GPU every launch must fail after the kernel is found"
-    again = _prewarm(fi074, model, root, compile_hook_dir, "--functional")
     assert again["already_cached"] == plan["kernels"] and again["compiled"] == 0
 
 
 @pytest.mark.slow
-def test_graph_mode_prewarm_leaves_functional_keys_uncovered(fi074: str, model: Path, tmp_path: Path,
+def test_graph_mode_prewarm_leaves_functional_keys_uncovered(fi074: str, functional: dict[str, Any], tmp_path: Path,
                                                              compile_hook_dir: Path) -> None:
-    """The control: a CUDA-graph prewarm of the same m does not cover the functional path."""
-    root = tmp_path / "root"
-    done = _prewarm(fi074, model, root, compile_hook_dir)
-    assert done["failed"] == 0 and done["functional"] is False
-    engine = _engine(fi074, root, compile_hook_dir)
-    assert engine["real_compiles"] and engine["real_compiles"] > 0
-    assert engine["counters"]["compiles"] == engine["real_compiles"]
+    """The control: a CUDA-graph prewarm of the same m does not cover the functional path.
+
+    Prewarm writes exactly the kernels it plans (``done["compiled"] == plan["kernels"]`` above,
+    and tests/test_prewarm.py), so the graph-mode plan is what its cache would hold: kernels the
+    engine above requested that it lacks are kernels that engine would compile on it. (This
+    compiled the graph-mode plan and ran the engine on it: ~100 s for the same answer.)"""
+    graph = _prewarm(fi074, functional["model"], tmp_path / "root", compile_hook_dir, "--dry-run")
+    assert graph["functional"] is False and graph["kernels"] > 0
+    requested = {e[1] for e in functional["engine"]["events"]}
+    uncovered = requested - {k["digest"] for k in graph["kernel_list"]}
+    assert uncovered, "a graph-mode prewarm would cover the functional engine: the functional plan makes no difference"
+    assert uncovered <= {k["digest"] for k in functional["plan"]["kernel_list"]}
 
 
 def test_functional_is_refused_before_0_7_4(tmp_path: Path, model: Path) -> None:
