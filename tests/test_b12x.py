@@ -328,7 +328,7 @@ def test_the_b12x_adapter_stays_small_and_each_module_says_what_it_owns() -> Non
     from cute_diskcache import b12x_sites
 
     modules = sorted(Path(b12x_sites.__file__).parent.glob("*.py"))
-    assert sum(len(p.read_text().splitlines()) for p in modules) <= 880  # 865 with the MoE warm-up driven offline (moe.py, 172) and one voice with b12x's books
+    assert sum(len(p.read_text().splitlines()) for p in modules) <= 910  # 865 with the MoE warm-up driven offline (moe.py, 172) and one voice with b12x's books; 900 with doctor's 'prewarm plans' column (scan.py)
     for path in modules:
         doc = ast.get_docstring(ast.parse(path.read_text()))
         assert doc and len(doc.splitlines()[0]) > 20, path.name
