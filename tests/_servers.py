@@ -12,6 +12,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class DeadPort:
+    """A loopback port where nothing listens, kept so while open: every connect is refused at once.
+
+    Bound, never listening. A port from :func:`free_port` goes back to the kernel, and the other
+    xdist worker's server (redis, moto) may bind it before the test connects there.
+    """
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = int(self.sock.getsockname()[1])
+
+    def __enter__(self) -> DeadPort:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+
 class HungServer:
     """Accepts every connection and never answers: a remote whose socket hangs."""
 

@@ -8,10 +8,13 @@ populated cache copy that root into their own directory.
 
 The suite runs on two pytest-xdist workers (setup.cfg). Session fixtures run once per worker
 there, so the expensive ones build under a file lock in the run's shared directory
-(:func:`once_per_run`) and the second worker reads what the first built. Tests that measure
-time or need the whole machine are marked ``serial``: they share one xdist group and, while one
-runs, the other worker starts nothing (:func:`_machine_lock`). Modules with module-scoped
-fixtures stay on one worker, so a module's set-up is paid once.
+(:func:`once_per_run`) and the second worker reads what the first built. Tests that time
+themselves against a bound (a lock's timeout, a remote's deadline, a lease) are marked
+``serial``: they share one xdist group, so they run one after another, never beside each other,
+while the other worker goes on with the rest. Their bounds are stated against the timeout and
+what the defect would cost, not against a quiet machine, so they hold beside a compile or a
+busy loop on every core. Modules with module-scoped fixtures stay on one worker, so a module's
+set-up is paid once.
 
 Real compiles are counted twice: by the package's own counters (what the probe prints) and,
 independently, by a ``sitecustomize`` that this file puts on the child's ``PYTHONPATH``. It
@@ -21,8 +24,6 @@ through, so "zero compiles" does not rest on the code under test counting itself
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import re
@@ -148,7 +149,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "serial: measures wall time or needs the whole machine: one xdist group, and nothing else runs beside it",
+        "serial: times itself against a bound (lock timeout, remote deadline, lease): one xdist group, so these run "
+        "one after another, never beside each other; the other worker keeps running, so the bounds must hold under load",
     )
 
 
@@ -186,52 +188,6 @@ def _run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The directory every worker of this run shares (the session's basetemp without xdist)."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
-def _locked(path: Path, mode: int) -> int:
-    """An open descriptor of ``path`` holding ``flock(mode)``; closing it drops the lock."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, mode)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[Any]:
-    """With two workers, a ``serial`` test runs alone: :func:`_machine_lock`."""
-    with _machine_lock(item):
-        return (yield)
-
-
-@contextlib.contextmanager
-def _machine_lock(item: pytest.Item) -> Iterator[None]:
-    """A readers-writer lock over the machine, held across each test's set-up, call and teardown.
-
-    Every test holds the run's machine lock shared; a ``serial`` test holds it exclusively, so
-    the other worker's test in flight finishes first and its next one waits. A test that times
-    its own work then measures its work, not the other worker's compiles. The turnstile keeps
-    a waiting serial test from being starved by the other worker's stream of short tests: the
-    writer holds it while it waits, and a reader passes through it before taking its share.
-    Without xdist there is no one to wait for.
-    """
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        yield
-        return
-    run = _run_dir(item.config._tmp_path_factory)  # type: ignore[attr-defined]
-    turnstile, machine = run / "machine.turnstile", run / "machine.lock"
-    serial = item.get_closest_marker("serial") is not None
-    gate = _locked(turnstile, fcntl.LOCK_EX)
-    try:
-        held = _locked(machine, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
-    finally:
-        os.close(gate)
-    try:
-        yield
-    finally:
-        os.close(held)
 
 
 def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], Any]) -> tuple[Path, Any]:

@@ -102,21 +102,27 @@ def _files(path: Path) -> list[Path]:
 @pytest.mark.parametrize("err", [errno.ENOLCK, errno.EOPNOTSUPP], ids=["ENOLCK-nfsv3-no-lockd", "EOPNOTSUPP-fuse"])
 def test_no_flock_degrades_once_keeps_the_cap_and_never_waits(err: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                               caplog: pytest.LogCaptureFixture) -> None:
-    """Measured on 58211c8 (ENOLCK): 60 commits of 4 kB under a 20K cap kept all 60 (316 kB), no warning."""
+    """Measured on 58211c8 (ENOLCK): 60 commits of 4 kB under a 20K cap kept all 60 (316 kB), no warning.
+
+    "Never waits" is counted, not timed: a failing flock read as contention is asked again every
+    poll until the lock's timeout (hundreds of calls); the root marked "without locks" is never
+    asked again. The times are bounded only against that timeout, which the defect waits out
+    whole, so a loaded machine (the commits fsync) cannot fail them."""
     monkeypatch.setenv("CUTE_DISKCACHE_MAX_SIZE", "20K")
     root = tmp_path / "cache"
     store = Store(root)
     calls = _flock_fails(monkeypatch, err)
-    timeout = 5.0
+    timeout = 30.0
     with caplog.at_level(logging.INFO, logger="cute_diskcache"):
         for i in range(60):
             t0 = time.monotonic()
             flight, entered = _commit(store, i, timeout)
             took = time.monotonic() - t0
             assert flight.outcome == "unavailable" and not flight.held
-            assert entered < 1.0, f"commit {i} waited {entered:.2f} s for its lock: a failing flock read as contention"
+            assert entered < timeout / 2, f"commit {i} waited {entered:.2f} s for its lock: a failing flock read as contention"
             assert took < timeout, f"commit {i} took {took:.2f} s"
     assert calls, "the test must reach flock"
+    assert len(calls) <= 2, f"flock asked {len(calls)} times on a root known to have no locks"
     use = eviction.usage(root)
     assert use["bytes"] <= 20_000, f"cap not kept: {use['entries']} entries, {use['bytes']} bytes"
     assert use["entries"] >= 1
@@ -152,13 +158,18 @@ def test_no_flock_walks_once_per_tenth_of_the_cap_not_per_commit(tmp_path: Path,
 
 @pytest.mark.serial
 def test_no_flock_lock_is_no_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """ENOLCK is not contention: filelock 3.x polled it for the whole timeout (300 s by default)."""
-    _flock_fails(monkeypatch, errno.ENOLCK)
+    """ENOLCK is not contention: filelock 3.x polled it for the whole timeout (300 s by default).
+
+    Counted (one flock, then the root is known to have none) and bounded by half the timeout
+    the defect waits out, not by what two lock files cost on a quiet machine."""
+    calls = _flock_fails(monkeypatch, errno.ENOLCK)
+    timeout = 5.0
     t0 = time.monotonic()
     for digest in (DIGEST, "cd" * 32):
-        with locking.single_flight(tmp_path, digest, timeout=5) as flight:
+        with locking.single_flight(tmp_path, digest, timeout=timeout) as flight:
             assert flight.outcome == "unavailable"
-    assert time.monotonic() - t0 < 1
+    assert len(calls) == 1, f"flock asked {len(calls)} times: ENOLCK polled as if someone held the lock"
+    assert time.monotonic() - t0 < timeout / 2
     [warning] = _warnings(caplog)
     assert "ENOLCK" in warning and str(tmp_path) in warning
 
@@ -289,12 +300,16 @@ def test_counter_held_by_another_process_never_stalls_commits(counter_held: tupl
                                                               caplog: pytest.LogCaptureFixture) -> None:
     """Measured on 58211c8: Store.commit hung (flock LOCK_EX with no timeout); maintain() too."""
     store, _holder = counter_held
-    bound = eviction.COUNTER_WAIT_S + 3 if hasattr(eviction, "COUNTER_WAIT_S") else 5.0
+    # The defect hung for good; the fix waits the counter's bound once. Each bound is stated
+    # against those, not against what a commit (it fsyncs) costs on a quiet disk.
+    wait = getattr(eviction, "COUNTER_WAIT_S", 2.0)
+    bound = wait + 20
     first = _within(bound, lambda: _commit(store, 1, 5.0))
-    later = [_within(bound, lambda i=i: _commit(store, i, 5.0)) for i in range(2, 30)]
-    assert max(later) < 1.0, f"each commit waits again for the held counter: {max(later):.2f} s"
+    later = sorted(_within(bound, lambda i=i: _commit(store, i, 5.0)) for i in range(2, 30))
+    # Every later commit would wait the bound again: the median is immune to a slow fsync or two.
+    assert later[len(later) // 2] < wait / 2, f"each commit waits again for the held counter: {later}"
     _within(bound, lambda: store.maintain())
-    assert first < bound
+    assert wait <= first < bound, f"the first commit took {first:.2f} s (the counter's bound is {wait} s)"
     use = eviction.usage(store.root)
     assert use["bytes"] <= 20_000, f"cap not kept while the counter is held: {use['bytes']} bytes"
     warned = _warnings(caplog)
@@ -337,10 +352,12 @@ def test_fifo_planted_at_the_lock_path_is_not_waited_on(tmp_path: Path) -> None:
     path = locking.lock_path(tmp_path, DIGEST)
     path.parent.mkdir(parents=True)
     os.mkfifo(path)
+    timeout = 10.0
     t0 = time.monotonic()
-    with locking.single_flight(tmp_path, DIGEST, timeout=1) as flight:
+    with locking.single_flight(tmp_path, DIGEST, timeout=timeout) as flight:
         assert flight.outcome == "unavailable"
-    assert time.monotonic() - t0 < 0.5
+    # Waited on, it would take the whole timeout (or block in open(2) for good): half is well clear of both.
+    assert time.monotonic() - t0 < timeout / 2
 
 
 def test_locking_needs_no_filelock(tmp_path: Path) -> None:
@@ -393,10 +410,11 @@ def test_lock_held_across_fork_is_free_once_its_holder_is_killed(tmp_path: Path)
         holder.send_signal(signal.SIGKILL)
         holder.wait()
         os.kill(child, 0)  # the forked worker is still alive
-        t0 = time.monotonic()
+        # "acquired" is the first non-blocking try succeeding: no wait at all, whatever the
+        # machine's load. Held by the forked worker, it is "timeout" after these 2 s.
         with locking.single_flight(tmp_path, DIGEST, timeout=2) as flight:
             outcome = flight.outcome
-        assert outcome == "acquired" and time.monotonic() - t0 < 0.5, outcome
+        assert outcome == "acquired", outcome
     finally:
         holder.kill()
         holder.wait()

@@ -70,17 +70,24 @@ def test_damaged_file_counts_as_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.serial
 def test_hit_path_recording_is_cheap(tmp_path: Path) -> None:
-    """Issue 4 target: < 0.2 ms per hit for statistics. Measured here as a bound, printed."""
+    """Issue 4 target: < 0.2 ms per hit for statistics. Measured here as a bound, printed.
+
+    The best of 20 batches: a batch the scheduler gave to another process (the other worker's
+    compile, a busy loop) is not the recording's cost, while a cost paid on every hit (a write
+    or an fsync per record) is in every batch, the best one included."""
     stats.reset_for_tests()
     stats.bind(tmp_path)
-    n = 20_000
-    t0 = time.perf_counter()
-    for _ in range(n):
-        stats.record("ns", "hits")
-        stats.record("ns", "load_seconds", 0.002)
-        stats.record("ns", "saved_seconds", 2.0)
-    per_hit_us = (time.perf_counter() - t0) / n * 1e6
-    print(f"stats cost per hit: {per_hit_us:.2f} us")
+    batches, n = 20, 1_000
+    best = float("inf")
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            stats.record("ns", "hits")
+            stats.record("ns", "load_seconds", 0.002)
+            stats.record("ns", "saved_seconds", 2.0)
+        best = min(best, time.perf_counter() - t0)
+    per_hit_us = best / n * 1e6
+    print(f"stats cost per hit: {per_hit_us:.2f} us (best of {batches} batches of {n})")
     stats.bind(None)
     stats.reset_for_tests()
     assert per_hit_us < 200
