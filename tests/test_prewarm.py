@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,35 +61,43 @@ def test_dry_run_lists_the_three_kinds(tmp_path: Path) -> None:
     assert first_ms[0] == 1 and len(set(first_ms)) == len(first_ms), "each kernel is first needed at its own m"
 
 
-def test_prewarm_then_serving_compiles_nothing(tmp_path: Path, probe: Any) -> None:
-    root = tmp_path / "root"
-    ms = [1, 2, 7]
-    out = summary(prewarm(root, "--model", "qwen3-30b-a3b", "--target", TARGET, "--max-num-tokens", "4096",
-                          "--m", ",".join(map(str, ms)), "--jobs", "2", "--json", "--no-dense"))
+#: The prewarm the two tests below read: three kernels of qwen3-30b-a3b (micro m 1 and 2, static m 7).
+SERVED = ("--model", "qwen3-30b-a3b", "--target", TARGET, "--max-num-tokens", "4096", "--m", "1,2,7", "--json", "--no-dense")
+
+
+@pytest.fixture(scope="module")
+def prewarmed_by_two(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """One cold prewarm by two workers, once per module: what serving reads and what one worker's
+    prewarm is compared with. Read it, never change it (copy it)."""
+    root = tmp_path_factory.mktemp("prewarm-two-jobs") / "root"
+    out = summary(prewarm(root, *SERVED, "--jobs", "2"))
     assert out["failed"] == 0 and out["compiled"] == out["kernels"] == 3, out
     assert out["bytes"] > 0
+    return root, out
+
+
+def test_prewarm_then_serving_compiles_nothing(prewarmed_by_two: tuple[Path, dict[str, Any]], tmp_path: Path, probe: Any) -> None:
+    root = tmp_path / "root"
+    shutil.copytree(prewarmed_by_two[0], root)
+    ms = [1, 2, 7]
     # A fresh "engine": flashinfer's real dispatch for exactly those m, as the probe runs it
     # (same wrapper configuration: use_cuda_graph=True, max_num_tokens=4096).
     served = probe(root, *ms)
     assert served["real_compiles"] == 0, served["stderr"][-2000:]
     assert served["counters"]["compiles"] == 0 and served["counters"]["hits"] == 3
     # A second prewarm finds everything cached and compiles nothing.
-    again = summary(prewarm(root, "--model", "qwen3-30b-a3b", "--target", TARGET, "--max-num-tokens", "4096",
-                            "--m", ",".join(map(str, ms)), "--json", "--no-dense"))
+    again = summary(prewarm(root, *SERVED))
     assert again["already_cached"] == 3 and again["compiled"] == 0
 
 
-def test_jobs_do_not_change_the_entries(tmp_path: Path) -> None:
-    args = ("--model", "qwen3-30b-a3b", "--target", TARGET, "--max-num-tokens", "4096", "--m", "1,2", "--json", "--no-dense")
+def test_jobs_do_not_change_the_entries(prewarmed_by_two: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+    """One worker compiles the kernels the module's two-worker prewarm compiled, into a root of its own."""
     one = tmp_path / "one" / "root"
-    two = tmp_path / "two" / "root"
     one.parent.mkdir()
-    two.parent.mkdir()
-    a = summary(prewarm(one, *args, "--jobs", "1"))
-    b = summary(prewarm(two, *args, "--jobs", "2"))
-    assert a["compiled"] == b["compiled"] == 2
-    da, db = digests(one), digests(two)
-    assert set(da) == set(db) and len(da) == 2
+    a = summary(prewarm(one, *SERVED, "--jobs", "1"))
+    assert a["compiled"] == prewarmed_by_two[1]["compiled"] == 3
+    da, db = digests(one), digests(prewarmed_by_two[0])
+    assert set(da) == set(db) and len(da) == 3
     assert da == db, "the same kernels, byte for byte, however many workers compiled them"
 
 
