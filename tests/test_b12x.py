@@ -557,7 +557,10 @@ def test_prewarm_for_a_spark_cross_builds_b12x_s_kernels_and_names_the_gate(b12x
     from cute_diskcache.storage import elf, entry
 
     root = tmp_path / "root"
-    proc = _cli(b12x_python, root, "prewarm", MODEL, *SPARK, "--jobs", "2", hook_dir=compile_hook_dir)
+    # One worker compiles the four kernels: a second would be another interpreter importing torch, the
+    # DSL and b12x (seconds of CPU) to prove nothing more here; two workers at once are the warm-up test's
+    # (test_after_prewarm_vllms_b12x_warmup_path_compiles_nothing, --jobs 2).
+    proc = _cli(b12x_python, root, "prewarm", MODEL, *SPARK, "--jobs", "1", hook_dir=compile_hook_dir)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     manifests = sorted(root.rglob(entry.MANIFEST))
     assert manifests and all("-sm_121a-aarch64-" in m.parent.parent.parent.name for m in manifests), manifests
