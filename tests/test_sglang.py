@@ -17,7 +17,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -195,41 +195,81 @@ def _entries(root: Path) -> list[str]:
     return sorted(entry.read_manifest(m.parent)["site"] for m in root.rglob(entry.MANIFEST))
 
 
-@pytest.mark.slow
-def test_fa4_sm120_compiles_on_an_empty_cache_and_nothing_on_a_warm_one(
-        sglang_python: str, tmp_path: Path, compile_hook_dir: Path) -> None:
-    """Issue 41, 4a: SGLang's own FA4 plan and compile for an RTX PRO 6000 (a split-KV decode: the
-    forward and its combine), in a fresh process on an empty cache, then on the warm one."""
-    root, aot = tmp_path / "root", tmp_path / "sglang-aot"
+def _files(aot: Path) -> dict[str, tuple[bytes, int]]:
+    """SGLang's objects under ``aot``: bytes and modification time, so a rewrite shows even with the same bytes."""
+    return {p.relative_to(aot).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(aot.rglob("*.o"))}
+
+
+class Fa4Runs(NamedTuple):
+    """SGLang's FA4 decode in four fresh processes over one SGLang cache directory (see :func:`fa4_runs`)."""
+
+    left: dict[str, Any]
+    hijacked: dict[str, Any]
+    planted: bytes  # what was planted at the forward's path
+    forward: Path
+    sglang_dir: dict[str, tuple[bytes, int]]  # SGLang's directory once planted
+    cold: dict[str, Any]
+    entries: list[str]  # our root as the cold process left it
+    namespaces: list[str]
+    after_cold: dict[str, tuple[bytes, int]]
+    warm: dict[str, Any]
+    after_warm: dict[str, tuple[bytes, int]]
+
+
+@pytest.fixture(scope="module")
+def fa4_runs(sglang_python: str, tmp_path_factory: pytest.TempPathFactory, compile_hook_dir: Path) -> Fa4Runs:
+    """Left to SGLang, its cache writes the forward and combine objects; another kernel's object is
+    planted at the forward's path and loaded by a second process as its forward. Then ours serves
+    on an empty root (cold) and again on what that left (warm), over the same SGLang directory:
+    the cold process is both the empty-cache compile and the one that must not read the planted
+    file, so the two tests below read one set of processes (each process is a fresh interpreter
+    with SGLang, ~10 s here, plus the FA4 compiles)."""
+    tmp = tmp_path_factory.mktemp("fa4")
+    aot, root = tmp / "sglang-aot", tmp / "root"
+    native = {"CUTE_DISKCACHE_NATIVE_SITES": "sglang"}
+    left = _driver(sglang_python, tmp / "unused", aot, compile_hook_dir, native)
+    fwd, combine = (next(aot.rglob(f"*/{name}/*.o")) for name in ("fwd", "fwd_combine"))
+    shutil.copyfile(combine, fwd)  # a valid object of another kernel, at the forward's key
+    planted = fwd.read_bytes()
+    hijacked = _driver(sglang_python, tmp / "unused", aot, compile_hook_dir, native)
+    sglang_dir = _files(aot)
     cold = _driver(sglang_python, root, aot, compile_hook_dir)
-    assert cold["real_compiles"] == 2 and cold["counters"]["compiles"] == cold["counters"]["writes"] == 2, cold
-    assert cold["standing_aside"] is True and cold["sglang_files"] == [] and cold["sglang_loaded"] == 0
-    assert _entries(root) == sorted([FWD, COMBINE]) and all("sm_120a" in p.name for p in (root / "v1").iterdir())
+    entries, namespaces, after_cold = _entries(root), sorted(p.name for p in (root / "v1").glob("*")), _files(aot)
     warm = _driver(sglang_python, root, aot, compile_hook_dir)
-    assert warm["real_compiles"] == 0 and warm["counters"]["hits"] == 2 and warm["counters"]["compiles"] == 0, warm
-    assert warm["sglang_files"] == [] and warm["sglang_loaded"] == 0
+    return Fa4Runs(left, hijacked, planted, fwd, sglang_dir, cold, entries, namespaces, after_cold, warm, _files(aot))
 
 
 @pytest.mark.slow
-def test_a_planted_object_in_sglang_s_layout_is_never_loaded_while_ours_serves(
-        sglang_python: str, tmp_path: Path, compile_hook_dir: Path) -> None:
+def test_fa4_sm120_compiles_on_an_empty_cache_and_nothing_on_a_warm_one(fa4_runs: Fa4Runs) -> None:
+    """Issue 41, 4a: SGLang's own FA4 plan and compile for an RTX PRO 6000 (a split-KV decode: the
+    forward and its combine), in a fresh process on an empty cache, then on the warm one. SGLang's
+    own cache, standing aside, loads nothing and writes nothing: its directory stays as it was
+    (it holds the objects :func:`fa4_runs` left there)."""
+    cold, warm = fa4_runs.cold, fa4_runs.warm
+    assert cold["real_compiles"] == 2 and cold["counters"]["compiles"] == cold["counters"]["writes"] == 2, cold
+    assert cold["standing_aside"] is True and cold["sglang_loaded"] == 0
+    assert cold["sglang_files"] == sorted(fa4_runs.sglang_dir) and fa4_runs.after_cold == fa4_runs.sglang_dir
+    assert fa4_runs.entries == sorted([FWD, COMBINE]) and fa4_runs.namespaces
+    assert all("sm_120a" in name for name in fa4_runs.namespaces), fa4_runs.namespaces
+    assert warm["real_compiles"] == 0 and warm["counters"]["hits"] == 2 and warm["counters"]["compiles"] == 0, warm
+    assert warm["sglang_loaded"] == 0 and fa4_runs.after_warm == fa4_runs.sglang_dir
+
+
+@pytest.mark.slow
+def test_a_planted_object_in_sglang_s_layout_is_never_loaded_while_ours_serves(fa4_runs: Fa4Runs) -> None:
     """Issue 41, 4c. Left to SGLang (``CUTE_DISKCACHE_NATIVE_SITES=sglang``), its cache writes the FA4
     forward and combine objects; another kernel's object planted at the forward's path is then linked
     and handed to SGLang as its forward, with no compile (what a hostile file would get). With ours
     serving, SGLang's directory is never read: nothing is loaded from it, both kernels compile, and
     the planted file is left as it was."""
-    aot = tmp_path / "sglang-aot"
-    left = _driver(sglang_python, tmp_path / "unused", aot, compile_hook_dir, {"CUTE_DISKCACHE_NATIVE_SITES": "sglang"})
+    left, hijacked, ours = fa4_runs.left, fa4_runs.hijacked, fa4_runs.cold
     assert left["real_compiles"] == 2 and left["counters"]["compiles"] == 0 and left["standing_aside"] is False, left
-    fwd, combine = (next(aot.rglob(f"*/{name}/*.o")) for name in ("fwd", "fwd_combine"))
-    shutil.copyfile(combine, fwd)  # a valid object of another kernel, at the forward's key
-    planted = fwd.read_bytes()
-    hijacked = _driver(sglang_python, tmp_path / "unused", aot, compile_hook_dir, {"CUTE_DISKCACHE_NATIVE_SITES": "sglang"})
     assert hijacked["sglang_loaded"] == 2 and hijacked["real_compiles"] == 0, hijacked  # SGLang ran the planted file
-    ours = _driver(sglang_python, tmp_path / "root", aot, compile_hook_dir)
     assert ours["sglang_loaded"] == 0 and ours["standing_aside"] is True, ours
-    assert ours["real_compiles"] == 2 and ours["counters"]["writes"] == 2 and _entries(tmp_path / "root") == sorted([FWD, COMBINE])
-    assert fwd.read_bytes() == planted and len(ours["sglang_files"]) == 2  # untouched: neither read nor rewritten
+    assert ours["real_compiles"] == 2 and ours["counters"]["writes"] == 2 and fa4_runs.entries == sorted([FWD, COMBINE])
+    # untouched: neither read nor rewritten
+    assert fa4_runs.forward.read_bytes() == fa4_runs.planted and len(ours["sglang_files"]) == 2
+    assert fa4_runs.after_cold == fa4_runs.sglang_dir
 
 
 # --------------------------------------------------------------------------------------------
