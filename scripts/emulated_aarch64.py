@@ -40,6 +40,10 @@ what vLLM's b12x warm-up reaches) on the cross-built cache: 0 compiles, a hit pe
 
     python scripts/emulated_aarch64.py prove-b12x --m 1,8 --out bench/results/spark_emulated_b12x.json
 
+``prove --b12x-m 1`` does both at once (what ``tests/test_spark_emulated.py`` runs): b12x's kernels are
+cross-built too, and the aarch64 engine on the cross-built caches drives flashinfer's MoE, then b12x's
+linears, in one process (``tests/spark_engine_driver.py``): one emulated engine start, not two.
+
 Emulation is CPU heavy: run it under ``nice -n 10`` where others share the machine.
 ``tests/test_spark_emulated.py`` runs the same proof on one small kernel set.
 """
@@ -329,11 +333,15 @@ def kernel_times(summary: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def prove(scratch: Path = DEFAULT_SCRATCH, ms: Sequence[int] = DEFAULT_MS, workdir: Path | None = None,
-          hook_dir: Path | None = None, native: bool = True) -> dict[str, Any]:
+          hook_dir: Path | None = None, native: bool = True, b12x_ms: Sequence[int] = ()) -> dict[str, Any]:
     """The whole proof (module docstring); returns its measurements and verdicts (``ok``).
 
     ``native``: also prewarm for an x86_64 host on this machine and run an x86 engine on it
     (native compile times and the x86 launch's words); the test leaves it out to save time.
+    ``b12x_ms``: also cross-build b12x's linear kernels for these token counts, and let the aarch64
+    engine on the cross-built cache drive b12x's after flashinfer's, in the same process
+    (tests/spark_engine_driver.py): ``report["b12x"]`` then holds what :func:`prove_b12x` reports
+    without ``native``, and the run pays one emulated engine start instead of two.
     """
     python = build(scratch)
     work = workdir or scratch / "proof"
@@ -348,7 +356,20 @@ def prove(scratch: Path = DEFAULT_SCRATCH, ms: Sequence[int] = DEFAULT_MS, workd
     report["prewarm"] = {"emulated": _brief(emulated), "cross": _brief(cross)}
     if native:
         report["prewarm"]["native_x86"] = _brief(prewarm(sys.executable, roots["native"], ms, "--host-machine", "x86_64"))
-    engines = {"on_emulated": probe(python, roots["emulated"], ms, hook_dir), "on_cross": probe(python, roots["cross"], ms, hook_dir)}
+    engines = {"on_emulated": probe(python, roots["emulated"], ms, hook_dir)}
+    if b12x_ms:
+        sites = build_b12x(scratch)
+        b12x_root = work / "cross-b12x" / "root"
+        report["b12x"] = {"ms": list(b12x_ms), "model": B12X_MODEL, "b12x": list(B12X_WHEELS),
+                          "prewarm": {"cross": prewarm_b12x(sys.executable, sites["x86_64"], b12x_root, b12x_ms)}}
+        # what a Spark serving both libraries' kernels holds: the two cross-built roots in one (copies)
+        both = work / "cross-both" / "root"
+        shutil.copytree(roots["cross"], both)
+        shutil.copytree(b12x_root, both, dirs_exist_ok=True)
+        engines["on_cross"], b12x_engine = _engine_with_b12x(python, both, ms, b12x_ms, sites["aarch64"], hook_dir)
+        report["b12x"].update(_b12x_verdict(report["b12x"]["prewarm"]["cross"], b12x_engine, entries(b12x_root)))
+    else:
+        engines["on_cross"] = probe(python, roots["cross"], ms, hook_dir)
     if native:
         engines["x86_on_native"] = probe(sys.executable, roots["native"], ms, hook_dir)
     report["engines"] = {name: _engine(r) for name, r in engines.items()}
@@ -382,6 +403,7 @@ def prove(scratch: Path = DEFAULT_SCRATCH, ms: Sequence[int] = DEFAULT_MS, workd
         and all(e["compiles"] == 0 and e["hits"] == n and e["real_compiles"] in (0, None) for e in report["engines"].values())
         and all(all("expected device_type=cuda" in (err or "") for err in errs) for errs in launch.values())
         and len({json.dumps(errs) for errs in launch.values()}) == 1
+        and report.get("b12x", {}).get("ok", True)
     )
     return report
 
@@ -397,50 +419,69 @@ def prove_b12x(scratch: Path = DEFAULT_SCRATCH, ms: Sequence[int] = (1,), workdi
     work = workdir or scratch / "proof-b12x"
     shutil.rmtree(work, ignore_errors=True)
     roots = {name: work / name / "root" for name in ("emulated", "cross")}
-    plan = ["prewarm", B12X_MODEL, "--target", TARGET, "--linear-backend", "b12x", "--m", ",".join(map(str, ms)), "--jobs", "1", "--json"]
-
-    def prewarm_b12x(py: Path | str, machine: str, root: Path) -> dict[str, Any]:
-        root.parent.mkdir(parents=True, exist_ok=True)
-        t0 = time.perf_counter()
-        proc = subprocess.run([str(py), "-m", "cute_diskcache", *plan], env=child_env(root, {"PYTHONPATH": str(sites[machine])}),
-                              capture_output=True, text=True, timeout=STEP_TIMEOUT_S, cwd=root.parent)
-        if proc.returncode != 0:
-            raise RuntimeError(f"b12x prewarm ({machine}) exited {proc.returncode}\n{proc.stderr[-4000:]}")
-        out: dict[str, Any] = json.loads(proc.stdout)
-        return {"kernels_compiled": out["kernels_compiled"], "jobs": out["jobs"], "errors": out["errors"], "seconds": out["seconds"],
-                "host_machine": out["host_machine"], "namespaces": out["written"]["namespaces"],
-                "process_seconds": round(time.perf_counter() - t0, 2),
-                "per_kernel": [{"linear": j["linear"], "ms": j["ms"], "seconds": round(j["seconds"], 2)} for j in out["job_list"] if j["compiles"]]}
-
     report: dict[str, Any] = {"machine": f"{platform.machine()} {_cpu_name()}, {os.cpu_count()} cores", "load_before": os.getloadavg(),
                               "ms": list(ms), "target": TARGET, "model": B12X_MODEL, "qemu": _qemu_version(),
                               "stack": keyed_versions(), "b12x": list(B12X_WHEELS), "aarch64_torch": OTHERS[0], "prewarm": {}}
-    report["prewarm"]["cross"] = prewarm_b12x(sys.executable, "x86_64", roots["cross"])
+    report["prewarm"]["cross"] = prewarm_b12x(sys.executable, sites["x86_64"], roots["cross"], ms)
     if native:
-        report["prewarm"]["emulated"] = prewarm_b12x(python, "aarch64", roots["emulated"])
+        report["prewarm"]["emulated"] = prewarm_b12x(python, sites["aarch64"], roots["emulated"], ms)
     # the engine: a fresh aarch64 process through b12x's planning and compile factories, counted at the DSL too
     path = os.pathsep.join(str(p) for p in (hook_dir, sites["aarch64"]) if p is not None)
     engine = _engine_run("the emulated b12x engine",
                          [python, REPO / "tests" / "b12x_linear_driver.py", B12X_MODEL, TARGET, ",".join(map(str, ms))],
                          child_env(roots["cross"], {"PYTHONPATH": path, "FLASHINFER_B12X_DISK_CACHE": "1"}), roots["cross"].parent)
-    report["engine_on_cross"] = {"jobs": engine["jobs"], "compiles": engine["counters"]["compiles"], "hits": engine["counters"]["hits"],
-                                 "misses": engine["counters"]["misses"], "real_compiles": engine["real_compiles"],
-                                 "load_seconds": round(engine["counters"]["load_seconds"], 3),
-                                 "process_seconds": engine["process_seconds"],
-                                 "attach_line": next((ln for ln in engine["stderr"].splitlines() if "attached:" in ln), None)}
-    cross = entries(roots["cross"])
-    report["entries"] = {"keys": len(cross), "namespaces": sorted({e["namespace"] for e in cross.values()}),
-                         "elf_machines": sorted({e["elf_machine"] for e in cross.values()})}
+    report.update(_b12x_verdict(report["prewarm"]["cross"], engine, entries(roots["cross"])))
     if native:
-        emulated = entries(roots["emulated"])
+        emulated, cross = entries(roots["emulated"]), entries(roots["cross"])
         report["entries"]["same_keys"] = sorted(emulated) == sorted(cross)
         report["entries"]["cubins_identical"] = bool(emulated) and all(emulated[d]["cubins"] == cross.get(d, {}).get("cubins") for d in emulated)
+        report["ok"] = report["ok"] and report["entries"]["same_keys"] and report["entries"]["cubins_identical"]
     report["load_after"] = os.getloadavg()
-    e, n = report["engine_on_cross"], len(cross)
-    report["ok"] = bool(n and report["prewarm"]["cross"]["kernels_compiled"] == n and report["entries"]["elf_machines"] == [183]
-                        and e["compiles"] == 0 and e["misses"] == 0 and e["hits"] == n and e["real_compiles"] in (0, None)
-                        and report["entries"].get("same_keys", True) and report["entries"].get("cubins_identical", True))
     return report
+
+
+def prewarm_b12x(python: Path | str, site: Path, root: Path, ms: Sequence[int]) -> dict[str, Any]:
+    """``prewarm`` of b12x's linear kernels for dgx-spark into ``root``, with b12x from ``site``; what it did."""
+    plan = ["prewarm", B12X_MODEL, "--target", TARGET, "--linear-backend", "b12x", "--m", ",".join(map(str, ms)), "--jobs", "1", "--json"]
+    root.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run([str(python), "-m", "cute_diskcache", *plan], env=child_env(root, {"PYTHONPATH": str(site)}),
+                          capture_output=True, text=True, timeout=STEP_TIMEOUT_S, cwd=root.parent)
+    if proc.returncode != 0:
+        raise RuntimeError(f"b12x prewarm ({python}) exited {proc.returncode}\n{proc.stderr[-4000:]}")
+    out: dict[str, Any] = json.loads(proc.stdout)
+    return {"kernels_compiled": out["kernels_compiled"], "jobs": out["jobs"], "errors": out["errors"], "seconds": out["seconds"],
+            "host_machine": out["host_machine"], "namespaces": out["written"]["namespaces"],
+            "process_seconds": round(time.perf_counter() - t0, 2),
+            "per_kernel": [{"linear": j["linear"], "ms": j["ms"], "seconds": round(j["seconds"], 2)} for j in out["job_list"] if j["compiles"]]}
+
+
+def _engine_with_b12x(python: Path, root: Path, ms: Sequence[int], b12x_ms: Sequence[int], b12x_site: Path,
+                      hook_dir: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One fresh aarch64 engine on ``root``: flashinfer's MoE for ``ms``, then b12x's linears for
+    ``b12x_ms`` (tests/spark_engine_driver.py); the probe's report and the b12x driver's, each with the
+    process's ``stderr``, ``real_compiles`` (the DSL's count: the whole process, both parts) and seconds."""
+    path = os.pathsep.join(str(p) for p in (hook_dir, b12x_site) if p is not None)
+    cmd = [python, REPO / "tests" / "spark_engine_driver.py", B12X_MODEL, TARGET, ",".join(map(str, b12x_ms)), "--",
+           "--target", TARGET, "--max-num-tokens", str(MAX_NUM_TOKENS), "--m", *map(str, ms)]
+    both = _engine_run("the emulated engine (flashinfer, then b12x)", cmd,
+                       child_env(root, {"PYTHONPATH": path, "FLASHINFER_B12X_DISK_CACHE": "1"}), root.parent)
+    shared = {k: both[k] for k in ("stderr", "real_compiles", "process_seconds")}
+    return {**both["flashinfer"], **shared}, {**both["b12x"], **shared}
+
+
+def _b12x_verdict(cross: Mapping[str, Any], engine: Mapping[str, Any], built: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """What :func:`prove_b12x` reports of the cross-built entries and the aarch64 engine on them, and ``ok``."""
+    e = {"jobs": engine["jobs"], "compiles": engine["counters"]["compiles"], "hits": engine["counters"]["hits"],
+         "misses": engine["counters"]["misses"], "real_compiles": engine["real_compiles"],
+         "load_seconds": round(engine["counters"]["load_seconds"], 3), "process_seconds": engine["process_seconds"],
+         "attach_line": next((ln for ln in engine["stderr"].splitlines() if "attached:" in ln), None)}
+    found = {"keys": len(built), "namespaces": sorted({v["namespace"] for v in built.values()}),
+             "elf_machines": sorted({v["elf_machine"] for v in built.values()})}
+    n = len(built)
+    ok = bool(n and cross["kernels_compiled"] == n and found["elf_machines"] == [183] and e["compiles"] == 0
+              and e["misses"] == 0 and e["hits"] == n and e["real_compiles"] in (0, None))
+    return {"engine_on_cross": e, "entries": found, "ok": ok}
 
 
 def _brief(summary: Mapping[str, Any]) -> dict[str, Any]:
@@ -480,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scratch", type=Path, default=DEFAULT_SCRATCH, help=f"where the environment lives (default {DEFAULT_SCRATCH})")
     ap.add_argument("--m", default=",".join(map(str, DEFAULT_MS)), help="batch sizes to prewarm and drive (default: one micro, static, dynamic)")
     ap.add_argument("--no-native", dest="native", action="store_false", help="skip the x86_64-host prewarm and engine (prove-b12x: the aarch64 prewarm)")
+    ap.add_argument("--b12x-m", default="", help="prove: also b12x's linear kernels for these token counts, the same aarch64 engine driving them")
     ap.add_argument("--out", type=Path, help="also write the report (without the summaries) to this JSON file")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -494,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "prove-b12x":
         report = prove_b12x(args.scratch, ms, native=args.native)
     else:
-        report = prove(args.scratch, ms, native=args.native)
+        report = prove(args.scratch, ms, native=args.native, b12x_ms=[int(m) for m in args.b12x_m.split(",") if m.strip()])
         for step in report["prewarm"].values():
             step.pop("summary", None)
     text = json.dumps(report, indent=1)

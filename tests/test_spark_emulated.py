@@ -16,6 +16,12 @@ figures are in docs/performance.md):
   compiling, exit 2, naming the mismatch and the command that works;
 * the b12x package's NVFP4 linear kernels (issue 32), prewarmed on this x86 box for a Spark, are
   hit by a fresh aarch64 process driving b12x's own planning and compile factories: 0 compiles.
+
+The last two engines are one process (tests/spark_engine_driver.py): flashinfer's MoE, then b12x's
+linears, on a root holding both cross-built sets, as one engine serving both libraries' kernels
+would. Each emulated process start costs about a minute of qemu before it asks the cache anything;
+neither part has the other's kernels in memory, so each part's hits come from the disk, and the
+DSL's own compile count covers the whole process.
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ def python() -> Path:
 @pytest.fixture(scope="module")
 def proof(tmp_path_factory: pytest.TempPathFactory, compile_hook_dir: Path, python: Path) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("spark-proof")
-    report: dict[str, Any] = emulation().prove(ms=MS, workdir=work, hook_dir=compile_hook_dir, native=False)
+    report: dict[str, Any] = emulation().prove(ms=MS, workdir=work, hook_dir=compile_hook_dir, native=False, b12x_ms=(1,))
     report["work"] = work
     print(json.dumps({k: v for k, v in report.items() if k not in ("prewarm", "work")}, indent=1, default=str))
     return report
@@ -112,10 +118,9 @@ def test_the_aarch64_dsl_cannot_write_x86_host_code_and_says_what_works(python: 
 
 
 @pytest.fixture(scope="module")
-def b12x_proof(tmp_path_factory: pytest.TempPathFactory, compile_hook_dir: Path, python: Path) -> dict[str, Any]:
-    work = tmp_path_factory.mktemp("spark-b12x")
-    report: dict[str, Any] = emulation().prove_b12x(ms=(1,), workdir=work, hook_dir=compile_hook_dir, native=False)
-    print(json.dumps(report, indent=1, default=str))
+def b12x_proof(proof: dict[str, Any]) -> dict[str, Any]:
+    """b12x's part of the proof: its kernels cross-built apart, hit by the same aarch64 engine after flashinfer's."""
+    report: dict[str, Any] = proof["b12x"]
     return report
 
 
