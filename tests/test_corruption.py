@@ -6,7 +6,13 @@ disk or a foreign writer would, and runs fresh probes through real flashinfer:
 1. the damaged start exits cleanly, compiles exactly once, rejects exactly once (with one
    warning naming the reason), moves the entry under ``quarantine/`` with the reason in its
    name, and gets the kernel the cold start got (same ABI text);
-2. the next start hits with zero compiles: the entry was rewritten.
+2. the entry was rewritten: the next start would hit. A fresh process (8-9 s) proves it for one
+   case of each way a hit loads or a lookup reads (the object, the linked shared object, the
+   manifest, and a directory the rewrite shares with a dead writer's leftovers). After every
+   other case, the rewrite goes through the same quarantine -> compile -> commit path, so this
+   process checks what that fresh start would look up: the one entry under the cold start's
+   digest verifies, every payload against its checksum, under the cold start's key,
+   environment and digest (:meth:`Store.judge`, the check every lookup makes).
 
 A hit reads and hashes only the payload it loads (issue 16): the linked shared object where the
 entry has one, else the object. Damage to the object is therefore checked with the shared-object
@@ -22,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import re
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,8 +36,12 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
-from cute_diskcache.storage import entry
-from cute_diskcache.keys.key import encode
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helpers beside it, whatever pytest's import mode
+
+from _next_start import assert_next_start_would_hit, lookup_key  # noqa: E402
+
+from cute_diskcache.storage import entry  # noqa: E402
+from cute_diskcache.keys.key import encode  # noqa: E402
 
 if TYPE_CHECKING:
     from conftest import Warm
@@ -195,14 +206,17 @@ class Case:
     slow: bool = False
     env: dict[str, str] | None = None
     unread: bool = False  # a payload no hit reads: hits go on, ``verify`` reports it
+    # The next start's hit is proven by a fresh process (else by judging the rewrite in-process):
+    # one case per payload a hit loads, per manifest damage, and per rewrite beside leftovers.
+    next_start: bool = False
 
 
 CASES = [
-    Case(truncated_object, env=OBJECT_LOADED),
+    Case(truncated_object, env=OBJECT_LOADED, next_start=True),
     Case(zero_byte_object, env=OBJECT_LOADED),
-    Case(zero_byte_manifest),
+    Case(zero_byte_manifest, next_start=True),
     Case(flipped_object, env=OBJECT_LOADED),
-    Case(flipped_shared),
+    Case(flipped_shared, next_start=True),
     Case(truncated_shared),
     Case(flipped_cubin, unread=True),
     Case(flipped_mlir, unread=True),
@@ -213,7 +227,7 @@ CASES = [
     Case(wrong_dsl_recorded),
     Case(wrong_dsl_consistent, slow=True),
     Case(hostile_payload_name),
-    Case(stray_temp_files_only),
+    Case(stray_temp_files_only, next_start=True),
 ]
 
 
@@ -228,9 +242,15 @@ def _entry_dir(root: Path) -> Path:
     return dirs[0]
 
 
+def _cold_manifest(warm: Warm) -> dict[str, Any]:
+    """The manifest the cold start wrote (the session's root, never damaged)."""
+    return _manifest(_entry_dir(warm.root))
+
+
 def _assert_recovered(root: Path, cold: dict[str, Any], probe: Probe, reason: str | None,
-                      env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run the damaged start and the one after it; check both. Returns the damaged report."""
+                      env: dict[str, str] | None = None, *, cold_manifest: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run the damaged start; check it, then the next start: a fresh one, or (``cold_manifest``)
+    in-process, judging what it would look up. Returns the damaged report."""
     digest = cold["events"][0][1]
     hurt = probe(root, 1, extra_env=env)
     c = hurt["counters"]
@@ -250,6 +270,9 @@ def _assert_recovered(root: Path, cold: dict[str, Any], probe: Probe, reason: st
         assert hurt["stderr"].count("\n") == 0, f"one warning line expected:\n{hurt['stderr']}"
     assert _entry_dir(root).name == digest
 
+    if cold_manifest is not None:
+        assert_next_start_would_hit(root, cold_manifest)
+        return hurt
     again = probe(root, 1)
     assert again["real_compiles"] == 0, (again["events"], sorted(map(str, root.rglob("*"))), again["stderr"])
     assert (again["counters"]["hits"], again["counters"]["compiles"], again["counters"]["rejected"]) == (1, 0, 0)
@@ -261,22 +284,31 @@ def _assert_recovered(root: Path, cold: dict[str, Any], probe: Probe, reason: st
     "case",
     [pytest.param(c, id=c.damage.__name__, marks=[pytest.mark.slow] if c.slow else []) for c in CASES],
 )
-def test_damaged_entry_is_quarantined_and_rewritten(case: Case, micro_copy: Warm, probe: Probe) -> None:
+def test_damaged_entry_is_quarantined_and_rewritten(case: Case, micro_copy: Warm, warm_micro_root: Warm, probe: Probe) -> None:
     root, cold = micro_copy
     d = _entry_dir(root)
     evil_target = d.parent.parent / "evil"
+    cold_manifest = _cold_manifest(warm_micro_root)
     reason = case.damage(d)
     if case.unread:
-        _assert_unread_damage_is_left_to_verify(root, cold, probe, d, reason)
+        _assert_unread_damage_is_left_to_verify(root, cold, probe, d, reason, cold_manifest)
         return
-    _assert_recovered(root, cold, probe, reason, case.env)
+    _assert_recovered(root, cold, probe, reason, case.env, cold_manifest=None if case.next_start else cold_manifest)
     if case.damage is hostile_payload_name:
         assert evil_target.exists(), "the file outside the entry must be neither read into a hit nor removed"
 
 
-def _assert_unread_damage_is_left_to_verify(root: Path, cold: dict[str, Any], probe: Probe, d: Path, reason: str | None) -> None:
-    """Hits hash what they load; the damaged payload is read by ``verify``, which says so."""
+def _assert_unread_damage_is_left_to_verify(root: Path, cold: dict[str, Any], probe: Probe, d: Path, reason: str | None,
+                                            cold_manifest: dict[str, Any]) -> None:
+    """Hits hash what they load; the damaged payload is read by ``verify``, which says so.
+
+    After ``verify`` quarantined it, the key is a plain miss (no manifest, nothing left of the
+    entry), which a start compiles and writes: what the cold start of the session's root did,
+    and, beside a dead writer's leftovers, what ``stray_temp_files_only`` proves in a fresh
+    process. Judged here rather than paid as a third fresh process with a compile.
+    """
     from cute_diskcache import cli
+    from cute_diskcache.storage.store import Store
 
     hit = probe(root, 1)
     assert hit["real_compiles"] == 0 and hit["counters"]["hits"] == 1 and hit["counters"]["rejected"] == 0, hit["stderr"]
@@ -284,17 +316,22 @@ def _assert_unread_damage_is_left_to_verify(root: Path, cold: dict[str, Any], pr
     assert not (root / "quarantine").exists()
     assert cli.main(["--root", str(root), "verify", "--quarantine"]) == 1
     assert [p.name.split("-")[1] for p in (root / "quarantine").iterdir()] == [reason]
-    again = probe(root, 1)
-    assert again["real_compiles"] == 1 and again["counters"]["writes"] == 1, "quarantined by verify, rebuilt by the next start"
+    store = Store(root)
+    assert store.judge(lookup_key(cold_manifest)) is None, "quarantined by verify: the next start misses and rebuilds"
+    assert store.rejected == 0 and not d.exists(), sorted(map(str, d.rglob("*")))
 
 
 @pytest.mark.slow
-def test_manifest_of_another_kernel_is_foreign(micro_copy: Warm, warm_large_root: Warm, probe: Probe) -> None:
-    """A real manifest of the static kernel, dropped into the micro kernel's entry."""
+def test_manifest_of_another_kernel_is_foreign(micro_copy: Warm, warm_micro_root: Warm, warm_large_root: Warm, probe: Probe) -> None:
+    """A real manifest of the static kernel, dropped into the micro kernel's entry.
+
+    The recovery after it is the manifest cases' (quarantine, compile, commit), whose next start
+    ``zero_byte_manifest`` runs in a fresh process: here the rewrite is judged in-process.
+    """
     root, cold = micro_copy
     static = next(p for p in warm_large_root.root.glob("v1/*/*/*/" + entry.MANIFEST) if _manifest(p.parent)["site"].endswith("static"))
     shutil.copyfile(static, _entry_dir(root) / entry.MANIFEST)
-    _assert_recovered(root, cold, probe, "foreign")
+    _assert_recovered(root, cold, probe, "foreign", cold_manifest=_cold_manifest(warm_micro_root))
 
 
 # --------------------------------------------------------------------------------------------

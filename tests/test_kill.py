@@ -9,7 +9,10 @@ the driver (or the test) committed in full, regenerated from the seed in its man
 reader may ever see a damaged entry; after each kill a commit succeeds and is served.
 
 One more test kills a real engine start in the middle of its compile (while it holds the
-key's single-flight lock) and checks that the next start compiles once and the one after hits.
+key's single-flight lock) and checks that the next start compiles once and commits what the one
+after would hit: judged in-process under the cold start's key (``_next_start``), as a fresh
+start's lookup judges it; that a start hits what verifies under that key is proven in fresh
+processes by test_corruption's next-start cases and test_roundtrip.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # conftest, whatever pytest's import mode
 
+from _next_start import assert_next_start_would_hit  # noqa: E402
 from conftest import PROBE_TIMEOUT_S, TARGET, child_env, split_stderr  # noqa: E402
 
 from cute_diskcache.storage import entry, locking  # noqa: E402
@@ -256,6 +260,7 @@ def test_engine_killed_mid_compile_then_next_start_recovers(compile_hook_dir: Pa
     assert (c["compiles"], c["writes"], c["rejected"], c["errors"], c["lock_waits"]) == (1, 1, 0, 0, 0)
     assert after["records"][0]["launch_error"] == cold["records"][0]["launch_error"]
 
-    warm = _probe_report(_spawn(compile_hook_dir, root))
-    assert warm["real_compiles"] == 0 and warm["counters"]["hits"] == 1 and warm["stderr"] == ""
-    assert warm["records"][0]["launch_error"] == cold["records"][0]["launch_error"]
+    # The one after hits: what it would look up verifies, under the cold start's key.
+    [cold_manifest] = [entry.read_manifest(m.parent) for m in warm_micro_root.root.glob("v1/*/*/*/" + entry.MANIFEST)]
+    assert [m.parent.name for m in root.glob("v1/*/*/*/" + entry.MANIFEST)] == [event[1]]
+    assert_next_start_would_hit(root, cold_manifest)
