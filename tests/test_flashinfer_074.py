@@ -317,14 +317,19 @@ def test_prewarm_puts_native_sites_in_our_cache_and_another_torch_build_hits(
     The static kernel is one flashinfer caches natively, keyed on torch's build; prewarmed into
     our cache it hits in a fresh process that sees another torch build, with flashinfer's own
     cache directory never written on either side.
+
+    Four interpreters: the prewarm and its one worker (its report carries the plan a dry run
+    prints), the serving probe, a dry run afterwards. A prewarm starts its ``--jobs`` workers,
+    each importing flashinfer, before it plans, even when nothing is missing: the re-run is a
+    dry run, and what it marks cached is what a real run skips (tests/test_prewarm.py and
+    tests/test_prewarm_functional.py re-run real prewarms).
     """
     child = Child(tmp_path / "root", tmp_path / "workspace", compile_hook_dir)
     args = ["cute_diskcache.prewarm", "--model", "qwen3-235b-a22b", "--tp", "4", "--target", TARGET,
-            "--max-num-tokens", "4096", "--m", "1,9", "--jobs", "2", "--json"]
-    plan = json.loads(child.module(*args, "--dry-run").stdout)
-    assert plan["by_kind"] == {"direct_micro": 1, "static": 1}, plan
-    assert not any(k["native"] for k in plan["kernel_list"])
-    done = json.loads(child.module(*args).stdout)
+            "--max-num-tokens", "4096", "--m", "1,9", "--json"]
+    done = json.loads(child.module(*args, "--jobs", "1").stdout)
+    assert done["by_kind"] == {"direct_micro": 1, "static": 1}, done
+    assert not any(k["native"] for k in done["kernel_list"])  # ours to serve, not flashinfer's to persist
     assert done["failed"] == 0 and done["compiled"] == 2, done
     assert set(_manifests(child.root)) == {SITES["direct_micro"], NATIVE_STATIC}
     assert _native_objects(child.workspace) == {}, "flashinfer's own cache was written"
@@ -337,7 +342,8 @@ def test_prewarm_puts_native_sites_in_our_cache_and_another_torch_build_hits(
     assert {e[0] for e in served["events"]} == {SITES["direct_micro"], NATIVE_STATIC}
     assert [e for r in served["records"] for e in r["native"]] == []  # flashinfer's builder never ran
     assert _native_objects(serving.workspace) == {}
-    again = json.loads(child.module(*args).stdout)
+    again = json.loads(child.module(*args, "--dry-run").stdout)
+    assert again["by_kind"] == done["by_kind"] and not any(k["native"] for k in again["kernel_list"]), again
     assert again["already_cached"] == 2 and again["compiled"] == 0, again
 
 
@@ -420,9 +426,27 @@ def test_prewarm_says_why_flashinfer_refuses_a_model_without_a_traceback(fi074: 
 # --------------------------------------------------------------------------------------------
 
 
-def test_doctor_on_074(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> None:
-    child = Child(tmp_path / "root", tmp_path / "workspace", compile_hook_dir)
-    report = json.loads(child.module("cute_diskcache.cli.doctor", "--json").stdout)
+@pytest.fixture(scope="module")
+def doctor_074(fi074: str, tmp_path_factory: pytest.TempPathFactory, compile_hook_dir: Path) -> dict[str, Any]:
+    """``doctor --json`` on 0.7.4 over an empty root, as served and with the opt-out, once per run:
+    this module reads its MoE sites, tests/test_flashinfer_074_dense.py the rest. Each run is a
+    fresh interpreter importing and scanning all of flashinfer; the two modules asked the same
+    questions of the same install. Read it, never change it."""
+    from conftest import once_per_run
+
+    def build(d: Path) -> dict[str, Any]:
+        child = Child(d / "root", d / "workspace", compile_hook_dir)
+        opt_out = Child(child.root, child.workspace, compile_hook_dir, extra_env=OPT_OUT)
+        return {"root": str(child.root), "workspace": str(child.workspace),
+                "served": json.loads(child.module("cute_diskcache.cli.doctor", "--json").stdout),
+                "opt_out": json.loads(opt_out.module("cute_diskcache.cli.doctor", "--json").stdout)}
+
+    return once_per_run(tmp_path_factory, "fi074-doctor", build)[1]
+
+
+def test_doctor_on_074(doctor_074: dict[str, Any], compile_hook_dir: Path) -> None:
+    child = Child(Path(doctor_074["root"]), Path(doctor_074["workspace"]), compile_hook_dir)
+    report = doctor_074["served"]
     assert report["flashinfer"] == "0.7.4" and report["verified"] is True
     # The MoE package's sites (doctor scans all of flashinfer: the rest is checked in
     # tests/test_flashinfer_074_dense.py).
@@ -444,8 +468,7 @@ def test_doctor_on_074(fi074: str, tmp_path: Path, compile_hook_dir: Path) -> No
     assert len(status) == 19 and set(status.values()) == {"cute-diskcache"}
     text = child.module("cute_diskcache.cli.doctor").stdout
     assert "native sites   served by cute-diskcache" in text
-    opt_out = Child(child.root, child.workspace, compile_hook_dir, extra_env=OPT_OUT)
-    left = json.loads(opt_out.module("cute_diskcache.cli.doctor", "--json").stdout)
+    left = doctor_074["opt_out"]
     assert left["native_sites"] == "flashinfer"
     left_moe = [s for s in left["sites"] if s["path"].startswith("fused_moe/cute_dsl/blackwell_sm12x/")]
     assert {f"{s['file']}:{s['function']}" for s in left_moe if s["status"] == "flashinfer"} == NATIVE_SITES
