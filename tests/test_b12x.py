@@ -17,7 +17,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -29,21 +29,29 @@ QUANT = "b12x.mxfp8_rows._MXFP8RowsQuantLaunch"
 pytestmark = pytest.mark.skipif(B12X_PY == "off", reason="CUTE_DISKCACHE_B12X_PYTHON=off: b12x tests skipped")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest import child_env  # noqa: E402
+from conftest import child_env, once_per_run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def b12x_python() -> str:
-    """The b12x interpreter, checked: b12x 1.5.1, DSL 4.8.0, this checkout's cute_diskcache on its path."""
-    if not os.environ.get("CUTE_DISKCACHE_B12X_PYTHON"):
-        build = subprocess.run(["bash", str(REPO / "scripts" / "make_b12x_venv.sh"), str(Path(B12X_PY).parent.parent)],
-                               capture_output=True, text=True, timeout=1200)
-        assert build.returncode == 0, f"building the b12x venv failed:\n{build.stderr[-4000:]}"
-    out = _child(B12X_PY, "import importlib.metadata as m, json, b12x._lib.compiler as c\n"
-                 "print(json.dumps([m.version('b12x'), m.version('nvidia-cutlass-dsl'), c.__file__]))", {})
-    version, dsl, compiler_file = out
-    assert (version, dsl) == ("1.5.1", "4.8.0"), out
-    return B12X_PY
+def b12x_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The b12x interpreter, checked: b12x 1.5.1, DSL 4.8.0, this checkout's cute_diskcache on its path.
+
+    Built and checked once per run (test_b12x_moe.py uses it too): the check is a b12x import in
+    a fresh interpreter, seconds that say the same thing each time."""
+
+    def check(_: Path) -> str:
+        if not os.environ.get("CUTE_DISKCACHE_B12X_PYTHON"):
+            build = subprocess.run(["bash", str(REPO / "scripts" / "make_b12x_venv.sh"), str(Path(B12X_PY).parent.parent)],
+                                   capture_output=True, text=True, timeout=1200)
+            assert build.returncode == 0, f"building the b12x venv failed:\n{build.stderr[-4000:]}"
+        out = _child(B12X_PY, "import importlib.metadata as m, json, b12x._lib.compiler as c\n"
+                     "print(json.dumps([m.version('b12x'), m.version('nvidia-cutlass-dsl'), c.__file__]))", {})
+        version, dsl, compiler_file = out
+        assert (version, dsl) == ("1.5.1", "4.8.0"), out
+        return B12X_PY
+
+    python: str = once_per_run(tmp_path_factory, "b12x-python", check)[1]
+    return python
 
 
 def _env(root: Path | None, extra: dict[str, str], hook_dir: Path | None = None) -> dict[str, str]:
@@ -65,14 +73,31 @@ def _child(python: str, code: str, extra: dict[str, str], root: Path | None = No
 # --------------------------------------------------------------------------------------------
 
 
-def test_b12x_compiles_only_through_the_wrapper_the_table_names(b12x_python: str) -> None:
+_DOCTOR = """
+    import json, os
+    from cute_diskcache.cli import doctor
+    from cute_diskcache.b12x_sites import scan
+    out = []
+    for env in ({}, {"CUTE_DISKCACHE_NATIVE_SITES": "b12x"}, {"B12X_COMPILE_DISK_CACHE": "0"}):
+        os.environ.update(env)
+        rep = {"b12x": scan.report()}
+        out.append({"block": rep["b12x"], "text": doctor._b12x_lines(rep, False), "strict": doctor.strict_failure(rep)})
+    print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def doctor_b12x_blocks(b12x_python: str) -> list[dict[str, Any]]:
+    """doctor's b12x block by setting (default, ``NATIVE_SITES=b12x``, b12x's cache off), from one
+    b12x process, once per module: the first is the plain scan of b12x's source (nothing set)."""
+    out: list[dict[str, Any]] = _child(b12x_python, _DOCTOR, {})
+    return out
+
+
+def test_b12x_compiles_only_through_the_wrapper_the_table_names(doctor_b12x_blocks: list[dict[str, Any]]) -> None:
     """b12x 1.5.1's one compile wrapper is the table's row, the kernels call it, and no b12x
     function calls ``cute.compile`` itself: every b12x compile reaches the hook under the row."""
-    rep = _child(b12x_python, """
-        import json
-        from cute_diskcache.b12x_sites import scan
-        print(json.dumps(scan.report()))
-    """, {})
+    rep = doctor_b12x_blocks[0]["block"]
     roles = [s["role"] for s in rep["sites"]]
     assert roles.count("wrapper") == 1 and roles.count("direct") == 0, rep["sites"]
     assert roles.count("kernel") > 50  # 91 in 1.5.1: the GEMM, MoE, attention, quant... getters
@@ -175,22 +200,12 @@ def test_flashinfer_s_embedded_copy_stays_flashinfer_s(b12x_python: str) -> None
 # --------------------------------------------------------------------------------------------
 
 
-def test_doctor_lists_b12x_sites_with_who_persists_each(b12x_python: str) -> None:
+def test_doctor_lists_b12x_sites_with_who_persists_each(doctor_b12x_blocks: list[dict[str, Any]]) -> None:
     """The b12x block as ``doctor`` prints it and judges it (``--strict``), by setting: ours serves
     (default), b12x's cache keeps them, or nothing does (left to b12x with its cache off). The
     block alone, in one process: the whole report also scans all of flashinfer 0.7.4 (~40 s here)."""
-    out = _child(b12x_python, """
-        import json, os
-        from cute_diskcache.cli import doctor
-        from cute_diskcache.b12x_sites import scan
-        out = []
-        for env in ({}, {"CUTE_DISKCACHE_NATIVE_SITES": "b12x"}, {"B12X_COMPILE_DISK_CACHE": "0"}):
-            os.environ.update(env)
-            rep = {"b12x": scan.report()}
-            out.append({"block": rep["b12x"], "text": doctor._b12x_lines(rep, False), "strict": doctor.strict_failure(rep)})
-        print(json.dumps(out))
-    """, {})
-    for (status, strict), got in zip((("cute-diskcache", False), ("b12x", False), ("nothing", True)), out):
+    for (status, strict), got in zip((("cute-diskcache", False), ("b12x", False), ("nothing", True)), doctor_b12x_blocks,
+                                     strict=True):
         assert got["block"]["b12x"] == "1.5.1" and {s["status"] for s in got["block"]["sites"]} == {status}
         assert f"  {status:<15}_lib/compiler.py:_call_cute_compile  " in "\n".join(got["text"]), got["text"]
         assert got["strict"] is strict
@@ -285,15 +300,32 @@ def _entries(root: Path) -> list[str]:
     return sorted(entry.read_manifest(m.parent)["site"] for m in root.rglob(entry.MANIFEST))
 
 
-@pytest.mark.slow
-def test_a_b12x_kernel_compiles_once_into_our_cache_and_a_fresh_process_loads_it(
-        b12x_python: str, tmp_path: Path, compile_hook_dir: Path) -> None:
-    root = tmp_path / "root"
+class ColdWarm(NamedTuple):
+    """Two fresh b12x processes on one root, ours serving: the first on an empty cache, the second after it."""
+
+    cold: dict[str, Any]
+    entries: list[str]  # the root's entries as the cold process left them
+    namespaces: list[str]
+    warm: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def quantizer_cold_warm(b12x_python: str, tmp_path_factory: pytest.TempPathFactory, compile_hook_dir: Path) -> ColdWarm:
+    """b12x's quantizer compiled cold, then loaded by a fresh process, once per module: the two
+    tests below read the same pair of processes (the compile and load, and what each one says)."""
+    root = tmp_path_factory.mktemp("quantizer") / "root"
     cold = _driver(b12x_python, root, compile_hook_dir, {})
+    entries, namespaces = _entries(root), sorted(p.name for p in (root / "v1").iterdir()) if (root / "v1").is_dir() else []
+    return ColdWarm(cold, entries, namespaces, _driver(b12x_python, root, compile_hook_dir, {}))
+
+
+@pytest.mark.slow
+def test_a_b12x_kernel_compiles_once_into_our_cache_and_a_fresh_process_loads_it(quantizer_cold_warm: ColdWarm) -> None:
+    cold, warm = quantizer_cold_warm.cold, quantizer_cold_warm.warm
     assert cold["real_compiles"] == 1 and cold["counters"]["compiles"] == cold["counters"]["writes"] == 1, cold
     assert cold["standing_aside"] and cold["b12x_objects"] == []  # one kernel, one cache: ours
-    assert _entries(root) == [QUANT] and all("sm_120a" in p.name for p in (root / "v1").iterdir())
-    warm = _driver(b12x_python, root, compile_hook_dir, {})
+    assert quantizer_cold_warm.entries == [QUANT] and quantizer_cold_warm.namespaces
+    assert all("sm_120a" in name for name in quantizer_cold_warm.namespaces), quantizer_cold_warm.namespaces
     assert warm["real_compiles"] == 0 and warm["counters"]["hits"] == 1 and warm["counters"]["compiles"] == 0, warm
     # One voice: b12x's counters say what ours say. The cold process's compile is b12x's miss; the
     # warm process's hit is b12x's disk hit, not a miss (before, b12x counted a miss for a kernel we served).
@@ -301,11 +333,10 @@ def test_a_b12x_kernel_compiles_once_into_our_cache_and_a_fresh_process_loads_it
     assert warm["b12x"]["compile_misses"] == 0 and warm["b12x"]["disk_cache_hits"] == 1, warm["b12x"]
 
 
-def test_the_attach_line_names_b12x_and_counts_its_entries(b12x_python: str, tmp_path: Path, compile_hook_dir: Path) -> None:
+def test_the_attach_line_names_b12x_and_counts_its_entries(quantizer_cold_warm: ColdWarm) -> None:
     """A b12x process's attach line named only flashinfer's version (the b12x venv carries
     flashinfer too), so a platform engineer read b12x's entries as flashinfer 0.7.4's."""
-    root = tmp_path / "root"
-    lines = [_driver(b12x_python, root, compile_hook_dir, {})["cache_log"] for _ in ("cold", "warm")]
+    lines = [quantizer_cold_warm.cold["cache_log"], quantizer_cold_warm.warm["cache_log"]]
     attach = [next(ln for ln in log if "attached:" in ln) for log in lines]
     assert "0 entries for this stack (flashinfer 0.7.4, b12x 1.5.1, DSL 4.8.0, sm_120a" in attach[0], attach
     assert "1 entry for this stack (flashinfer 0.7.4, b12x 1.5.1, DSL 4.8.0, sm_120a" in attach[1], attach
