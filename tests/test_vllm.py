@@ -18,6 +18,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ from cute_diskcache.prewarm import models
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _compat, whatever pytest's import mode
 from _compat import REPO, SCRATCH, matrix  # noqa: E402
+from conftest import once_per_run, split_stderr  # noqa: E402
 
 DRIVER = Path(__file__).resolve().parent / "vllm_driver.py"
 pytestmark = [
@@ -69,7 +71,7 @@ def vllm_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return python
 
 
-def _child(python: Path, *args: str, cwd: Path) -> dict[str, Any]:
+def _child(python: Path, *args: str, cwd: Path) -> Any:
     env = {k: v for k, v in os.environ.items() if not _DROPPED_ENV.match(k)}
     env["CUTE_DISKCACHE_DIR"] = str(cwd / "root")
     proc = subprocess.run([str(python), str(DRIVER), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
@@ -77,26 +79,47 @@ def _child(python: Path, *args: str, cwd: Path) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_vllm_process_shows_the_attach_line_and_the_miss_warning(vllm_python: Path, tmp_path: Path) -> None:
-    """vLLM's logging as vLLM configures it (a handler on ``vllm`` only): our lines still show, once each."""
+def _serve(python: Path, root: Path, hook_dir: Path | None) -> dict[str, Any]:
+    """One vLLM process (``serve``) on ``root``: what it printed, our lines, the real compiles it made.
+
+    No PYTHONPATH but the compile counter's (``hook_dir``): cute_diskcache comes from the wheel."""
     env = {k: v for k, v in os.environ.items() if not _DROPPED_ENV.match(k)}
-    env["CUTE_DISKCACHE_DIR"] = str(tmp_path / "root")
-    runs = []
-    for _ in ("cold", "warm"):
-        proc = subprocess.run([str(vllm_python), str(DRIVER), "serve"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-5000:]
-        assert re.search(r"^\(MainProcess pid=\d+\) INFO \d\d-\d\d [\d:]+ \[vllm_driver.py:\d+\] vLLM logging configured$", proc.stdout, re.M), proc.stdout
-        runs.append((json.loads(proc.stdout.strip().splitlines()[-1]), [ln for ln in proc.stderr.splitlines() if ln.startswith("[cute-diskcache]")]))
-    (cold, cold_lines), (warm, warm_lines) = runs
+    env["CUTE_DISKCACHE_DIR"] = str(root)
+    if hook_dir is not None:
+        env["PYTHONPATH"] = str(hook_dir)
+    proc = subprocess.run([str(python), str(DRIVER), "serve"], env=env, cwd=root.parent, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert re.search(r"^\(MainProcess pid=\d+\) INFO \d\d-\d\d [\d:]+ \[vllm_driver.py:\d+\] vLLM logging configured$", proc.stdout, re.M), proc.stdout
+    return {"counters": json.loads(proc.stdout.strip().splitlines()[-1]), "real_compiles": split_stderr(proc.stderr)[2],
+            "lines": [ln for ln in proc.stderr.splitlines() if ln.startswith("[cute-diskcache]")]}
+
+
+@pytest.fixture(scope="module")
+def served_cold(vllm_python: Path, compile_hook_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """One vLLM process on an empty cache, once per run: it compiles the m=1 micro kernel its
+    warm-up asks for. test_vllm_jit_monitor.py starts from this root too (a root that warm-up, with
+    no monitor, filled). Copy the root, never change it."""
+    shared, cold = once_per_run(tmp_path_factory, "vllm-serve-cold", lambda d: _serve(vllm_python, d / "root", compile_hook_dir))
+    return shared / "root", cold
+
+
+def test_vllm_process_shows_the_attach_line_and_the_miss_warning(vllm_python: Path, served_cold: tuple[Path, dict[str, Any]],
+                                                                tmp_path: Path) -> None:
+    """vLLM's logging as vLLM configures it (a handler on ``vllm`` only): our lines still show, once each.
+    The cold process is the run's one (:func:`served_cold`); the warm one reads a copy of its root."""
+    cold_root, cold_run = served_cold
     root = tmp_path / "root"
+    shutil.copytree(cold_root, root, symlinks=True)
+    warm_run = _serve(vllm_python, root, None)
+    (cold, cold_lines), (warm, warm_lines) = ((r["counters"], r["lines"]) for r in (cold_run, warm_run))
     assert cold["compiles"] >= 1 and warm["compiles"] == 0 and warm["hits"] == cold["compiles"]
-    attach = f"[cute-diskcache] INFO attached: cache {root} (writable), %s for this stack (flashinfer 0.7.4, DSL "
-    assert cold_lines[0].startswith(attach % "0 entries"), cold_lines
+    attach = "[cute-diskcache] INFO attached: cache {} (writable), {} for this stack (flashinfer 0.7.4, DSL "
+    assert cold_lines[0].startswith(attach.format(cold_root, "0 entries")), cold_lines
     warnings = [ln for ln in cold_lines if ln.startswith("[cute-diskcache] WARNING compiling ")]
     assert len(warnings) == cold["compiles"] and all(": no entry for this kernel; key " in ln for ln in warnings), cold_lines
     assert cold_lines[-1].startswith(f"[cute-diskcache] INFO this process: {cold['misses']} miss"), cold_lines
     n = cold["compiles"]
-    assert warm_lines[0].startswith(attach % f"{n} {'entry' if n == 1 else 'entries'}"), warm_lines
+    assert warm_lines[0].startswith(attach.format(root, f"{n} {'entry' if n == 1 else 'entries'}")), warm_lines
     assert not [ln for ln in warm_lines if " WARNING " in ln], warm_lines
     assert warm_lines[-1].startswith(f"[cute-diskcache] INFO this process: {n} hit"), warm_lines
     print("\n--- vLLM process, cold ---\n" + "\n".join(cold_lines) + "\n--- warm ---\n" + "\n".join(warm_lines))
@@ -118,10 +141,26 @@ def test_load_general_plugins_runs_our_entry_point_and_attaches_only_when_enable
     assert on == {"entry_point_ran": True, "installed": True, "import_hooks": 1, "flashinfer_imported": False}
 
 
-@pytest.mark.parametrize("model, tp", [("qwen3-30b-a3b", 2), ("qwen3-235b-a22b", 4)])
-def test_vllm_b12x_experts_build_the_wrapper_prewarm_builds(vllm_python: Path, tmp_path: Path, model: str, tp: int) -> None:
+#: (model, TP) pairs the experts check runs for.
+EXPERTS = [("qwen3-30b-a3b", 2), ("qwen3-235b-a22b", 4)]
+
+
+@pytest.fixture(scope="module")
+def experts_built(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, int], dict[str, Any]]:
+    """vLLM's experts and prewarm's dispatcher for each of :data:`EXPERTS`, one after the other in
+    one vLLM process (a vLLM + flashinfer import is most of a child's ~15 s; the driver gives
+    flashinfer's wrapper class back after each model, so nothing of one reaches the next)."""
+    argv = [a for model, tp in EXPERTS for a in (model, str(tp), "8192")]
+    out = _child(vllm_python, "experts", *argv, cwd=tmp_path_factory.mktemp("experts"))
+    assert isinstance(out, list) and len(out) == len(EXPERTS), out
+    return dict(zip(EXPERTS, out, strict=True))
+
+
+@pytest.mark.parametrize("model, tp", EXPERTS)
+def test_vllm_b12x_experts_build_the_wrapper_prewarm_builds(experts_built: dict[tuple[str, int], dict[str, Any]],
+                                                            model: str, tp: int) -> None:
     """vLLM's own experts class and config build a wrapper identical to prewarm's for that model."""
-    out = _child(vllm_python, "experts", model, str(tp), "8192", cwd=tmp_path)
+    out = experts_built[(model, tp)]
     (call,) = out["vllm_passed"]
     assert call["args"] == [] and set(call["kwargs"]) == set(WRAPPER_CALL)
     assert call["kwargs"]["use_cuda_graph"] is True

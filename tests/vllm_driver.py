@@ -8,13 +8,14 @@ wheel), never imported by pytest. Two modes, each printing one JSON line:
     ``--enable`` it is set afterwards, then ``vllm.plugins.load_general_plugins()`` runs. Reports
     whether vLLM ran our entry point and whether the cache got attached.
 
-``experts MODEL TP MAX_NUM_TOKENS``
-    vLLM's ``FlashInferB12xExperts`` builds its ``B12xMoEWrapper`` (``_ensure_wrapper``, what its
+``experts MODEL TP MAX_NUM_TOKENS [MODEL TP MAX_NUM_TOKENS ...]``
+    For each model in turn (one JSON list when there are several), vLLM's ``FlashInferB12xExperts`` builds its ``B12xMoEWrapper`` (``_ensure_wrapper``, what its
     first ``apply`` does) from a ``FusedMoEConfig`` that vLLM's own class completes (TP split,
     max_num_tokens), for the bundled model's full-size shape; prewarm's dispatcher builds one
     for the same model, TP and max tokens. Both are real flashinfer wrappers; reported: the
     keywords vLLM passed, and each wrapper's scalar state. The one liberty taken: vLLM's wrapper
     gets ``device="cpu"`` added (there is no GPU here; vLLM leaves the device to flashinfer).
+    Nothing is carried from one model to the next: flashinfer's class is given back after each.
 
 ``serve``
     A vLLM process's logging as vLLM sets it up (``vllm.logger.configure_logging`` with the
@@ -104,7 +105,10 @@ def experts(model: str, tp: int, max_num_tokens: int) -> dict[str, Any]:
     quant_config = nvfp4_moe_quant_config(g1_alphas=torch.ones(E), g2_alphas=torch.ones(E), a1_gscale=torch.ones(E),
                                           a2_gscale=torch.ones(E), w1_scale=torch.ones(E), w2_scale=torch.ones(E))
     vllm_experts = FlashInferB12xExperts(moe_config, quant_config)
-    vllm_experts._ensure_wrapper()
+    try:
+        vllm_experts._ensure_wrapper()
+    finally:
+        ffm.B12xMoEWrapper = real
     ours = prewarm._dispatcher(models.moe_shape(model, tp=tp), max_num_tokens)
     return {
         "vllm_passed": passed,
@@ -197,7 +201,8 @@ def main(argv: list[str]) -> int:
     elif argv[0] == "monitor":
         out = monitor(argv[1], [int(m) for m in argv[2:]])
     else:
-        out = experts(argv[1], int(argv[2]), int(argv[3]))
+        cases = [experts(argv[i], int(argv[i + 1]), int(argv[i + 2])) for i in range(1, len(argv), 3)]
+        out = cases[0] if len(cases) == 1 else cases
     print(json.dumps(out, default=str), flush=True)
     return 0
 
