@@ -113,6 +113,57 @@ def test_the_scan_finds_every_compile_and_a_vanished_row(tmp_path: Path, monkeyp
     assert rep["missing_adapter_sites"] == sorted(f"{r.file}:{r.function}" for r in sites.ROWS[1:]) and scan.strict_failure(rep)
 
 
+#: A stand-in for SGLang's FA4 layout: the interface keeps its SM12x forward host in a global that
+#: only a real-tensor call sets (SGLang imports the host on first use), so what the interface's
+#: globals reach depends on what the process did before the compile.
+_LAZY_SGLANG = {
+    "__init__.py": "", "kernels/__init__.py": "", "kernels/ops/__init__.py": "", "kernels/ops/attention/__init__.py": "",
+    "kernels/ops/attention/flash_attn/__init__.py": "", "kernels/ops/attention/flash_attn/cute/__init__.py": "",
+    "kernels/ops/attention/fa4_sm120/__init__.py": "",
+    "kernels/ops/attention/fa4_sm120/runtime.py": "class Host:\n    pass\n",
+    "kernels/ops/attention/flash_attn/cute/interface.py": (
+        "host = None\n\n\ndef _flash_attn_fwd(fake):\n    global host\n    if not fake:\n"
+        "        from sglang.kernels.ops.attention.fa4_sm120.runtime import Host\n        host = Host()\n"),
+}
+
+_SOURCES = """
+    import json, os, sys
+    root, mode, wanted = {args!r}
+    sys.path.insert(0, root)
+    from cute_diskcache.core import hook
+    from cute_diskcache.sglang_sites import adapter, sites
+    adapter.ADAPTER.package_dir = lambda: os.path.join(root, "sglang")
+    from sglang.kernels.ops.attention.flash_attn.cute import interface
+    interface._flash_attn_fwd(fake=mode == "fake")
+    modules = tuple(m for m in wanted if m in sys.modules)
+    row = sites.BY_WHERE[(sites.FA4_INTERFACE_FILE, "_flash_attn_fwd")]
+    print(json.dumps(hook._environment_of(row, modules, adapter.ADAPTER).as_dict()))
+"""
+
+
+def test_an_fa4_key_does_not_depend_on_what_the_process_loaded_before_the_compile(tmp_path: Path) -> None:
+    """Issue 41 4b: the CPU prewarm (SGLang's call on fake tensors) and a GPU engine (real tensors,
+    which load FA4's SM12x forward host first) keyed the same kernels apart, with "the kernel's
+    Python code differs" (measured on the lent H100 with bench/gpu_proof_sglang.py: 3 misses on the
+    CPU-built root). The rows fingerprint FA4's tree, not what its modules' globals reach; the tree's
+    code, and quack's version, still change the key."""
+    for rel, text in _LAZY_SGLANG.items():
+        (tmp_path / "sglang" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "sglang" / rel).write_text(text)
+    interface, runtime = "sglang.kernels.ops.attention.flash_attn.cute.interface", "sglang.kernels.ops.attention.fa4_sm120.runtime"
+
+    def env(mode: str, *modules: str) -> dict[str, Any]:
+        out: dict[str, Any] = _child(sys.executable, _SOURCES.replace("{args!r}", repr((str(tmp_path), mode, modules))),
+                                     {"CUTE_DSL_ARCH": "sm_120a"})
+        return out
+
+    prewarm = env("fake", interface)
+    engine = env("real", interface, runtime)  # the forward host loaded, and on the way to the compile
+    assert prewarm == engine
+    (tmp_path / "sglang" / "kernels/ops/attention/fa4_sm120/runtime.py").write_text("class Host:\n    tiles = 2\n")
+    assert env("fake", interface)["sources"] != prewarm["sources"], "a change in FA4's tree changes the key"
+
+
 def test_doctor_without_sglang_says_so() -> None:
     from cute_diskcache.sglang_sites import scan
 

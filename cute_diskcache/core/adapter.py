@@ -33,9 +33,10 @@ class Row:
     kind: str
     name: str  # stored in the manifest and the stats ("flashinfer.msa.msa_topk")
     namespace: str  # the Environment's kind: the cache's namespace prefix
-    #: Code imported through a ``sys.path`` entry (not under the library's module name): the
-    #: directory, under the library's root, whose every ``.py`` file joins the fingerprint
-    #: ("" is the whole root).
+    #: The directory, under the library's root, whose every ``.py`` file joins the fingerprint
+    #: ("" is the whole root): code imported through a ``sys.path`` entry (not under the
+    #: library's module name), or, with :attr:`Adapter.reach_by_tree`, the code the row's kernels
+    #: come from, fingerprinted whole instead of through what its modules' globals reach.
     tree: str | None = None
     #: Side data kept beside the kernel besides its calling convention: a key of the adapter's
     #: :attr:`Adapter.side_data` ("block_dim": flashinfer's direct micro kernel's launch probe).
@@ -78,6 +79,16 @@ class Adapter:
     own_disk_caches: frozenset[str] = frozenset()
     #: Variables its code reads that change no generated code (logging, cache locations...).
     not_codegen_env: frozenset[str] = frozenset()
+    #: Its modules under a row's ``tree`` are fingerprinted by that tree alone, not also through
+    #: what their globals reach. For a library whose kernels load their code lazily (SGLang's FA4:
+    #: the SM12x forward host is imported on first use, and torch's fake mode takes other branches
+    #: than real tensors), what the globals reach depends on what the process did before the
+    #: compile, so a CPU prewarm and a GPU engine keyed the same kernel apart. ``tree=""`` (the
+    #: whole root, b12x's) always works this way.
+    reach_by_tree: bool = False
+    #: Other distributions whose code builds its kernels (SGLang's FA4 calls quack's helpers while
+    #: it traces): their versions join the key, as the library's own does.
+    companions: tuple[str, ...] = ()
     #: Compile keywords that change no generated code, dropped from the key.
     not_codegen_kwargs: frozenset[str] = frozenset()
     side_data: Mapping[str, SideData] = dataclasses.field(default_factory=dict)

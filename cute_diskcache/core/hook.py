@@ -16,7 +16,7 @@ the adapters' modules as the fingerprinted ones), never a hand-written one (know
 library's own key leaves out, which a release adding a compile argument would outgrow); a value
 bound to a parameter declared as a DSL integer is a runtime argument, keyed by type. The sources of
 the site's module, of the modules on the way and those the arguments come from (and the whole
-kernel tree for code imported from a ``sys.path`` entry) join the fingerprint, with every
+kernel tree for code imported from a ``sys.path`` entry or resolved lazily) join the fingerprint, with every
 environment variable that code reads; device facts are checked (:mod:`..keys.devicefacts`). What
 cannot be described, or options asking for artifacts a loaded kernel cannot carry, leave that
 compile in memory, with one warning.
@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import hashlib
+import importlib.metadata
 import inspect
 import logging
 import os
@@ -209,14 +210,15 @@ def _environment(call: Call, library: Adapter | None = None) -> Environment:
 @functools.lru_cache(maxsize=1024)
 def _environment_of(row: Row, modules: tuple[str, ...], library: Adapter) -> Environment:
     facts, reached = [], set()
-    # A row that fingerprints its library's whole tree (b12x's) covers every module of that
-    # library by it; fingerprinting them again through what their globals reach would make the
-    # key depend on what else the process imported (b12x's compiler reaches its compile pool
-    # only in a process that set one up: a CPU prewarm's keys missed on the GPU, measured with
-    # bench/gpu_proof_b12x.py on the lent H100).
-    whole_tree = row.tree == ""
+    # A module of the library inside the row's tree is covered by the tree's fingerprint, where
+    # the adapter says so (Adapter.reach_by_tree) or the tree is the whole root (b12x's):
+    # fingerprinting it again through what its globals reach would make the key depend on what
+    # else the process imported (b12x's compiler reaches its compile pool only in a process that
+    # set one up; SGLang's FA4 its forward host only once a real-tensor call loaded it: each made
+    # a CPU prewarm's keys miss on the lent H100, bench/gpu_proof_b12x.py, bench/gpu_proof_sglang.py).
+    covered = _tree_module(row, library)
     for name in modules:  # a module another one already reaches is in that one's fingerprint
-        if whole_tree and library.owns(name):
+        if covered is not None and (name == covered or name.startswith(covered + ".")):
             continue
         if name not in reached:
             package = next((a.module for a in adapters() if a.owns(name)), library.module)
@@ -228,9 +230,28 @@ def _environment_of(row: Row, modules: tuple[str, ...], library: Adapter) -> Env
         tree_print, tree_reads = _tree_facts(library.package_dir() or "", row.tree)
         prints.append(f"tree:{row.tree}:{tree_print}")
         reads.update(tree_reads)
+    prints += [f"dist:{name}=={_version_or_absent(name)}" for name in library.companions]
     if not prints:
         raise UnkeyableError(f"no source to fingerprint for {row.file}:{row.function}")
     return _environment_for(row.namespace, hashlib.sha256("".join(prints).encode()).hexdigest(), frozenset(reads), library)
+
+
+def _tree_module(row: Row, library: Adapter) -> str | None:
+    """The module name under which the library's modules are the row's tree's, or None (each
+    module is fingerprinted with what it reaches)."""
+    if row.tree == "":
+        return library.module
+    if row.tree is None or not library.reach_by_tree:
+        return None
+    return ".".join((library.module, *row.tree.strip("/").split("/")))
+
+
+@functools.cache
+def _version_or_absent(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
 
 
 @functools.lru_cache(maxsize=256)

@@ -40,4 +40,6 @@ ADAPTER = Adapter(
     version=version,
     by_where={} if left_to_sglang() else sites.BY_WHERE,
     not_codegen_env=sites.NOT_CODEGEN_ENV,
+    reach_by_tree=True,
+    companions=sites.COMPANIONS,
 )

@@ -16,15 +16,20 @@ from __future__ import annotations
 from ..core.adapter import Row
 
 FA4_INTERFACE_FILE = "kernels/ops/attention/flash_attn/cute/interface.py"
+#: The code each row's kernels come from, fingerprinted whole (the adapter's ``reach_by_tree``):
+#: FA4's interface and kernels (``flash_attn/cute``), its SM12x forward host (``fa4_sm120``) and
+#: the entry points above them; each GEMM's package.
+FA4_TREE = "kernels/ops/attention"
 
 ROWS: tuple[Row, ...] = (
     # The forward compiles the kernel object the SM12x forward host builds (make_kernel), one class
     # per specialisation: entries are named after it (per_target).
-    Row(FA4_INTERFACE_FILE, "_flash_attn_fwd", "fa4", "sglang.fa4", "sglang", per_target=True),
-    Row(FA4_INTERFACE_FILE, "_compile_fwd_combine", "fa4", "sglang.fa4", "sglang", per_target=True),
-    Row("kernels/ops/gemm/cutedsl_dsv3_fused_a_gemm.py", "_compiled_kernel", "gemm", "sglang.dsv3_fused_a_gemm", "sglang"),
+    Row(FA4_INTERFACE_FILE, "_flash_attn_fwd", "fa4", "sglang.fa4", "sglang", tree=FA4_TREE, per_target=True),
+    Row(FA4_INTERFACE_FILE, "_compile_fwd_combine", "fa4", "sglang.fa4", "sglang", tree=FA4_TREE, per_target=True),
+    Row("kernels/ops/gemm/cutedsl_dsv3_fused_a_gemm.py", "_compiled_kernel", "gemm", "sglang.dsv3_fused_a_gemm", "sglang",
+        tree="kernels/ops/gemm"),
     Row("kernels/kda_kernels/qwen3x_nvfp4_gemm_sm120.py", "_compile_decode_kernel", "gemm", "sglang.qwen3x_nvfp4_gemm",
-        "sglang"),
+        "sglang", tree="kernels/kda_kernels"),
 )
 BY_WHERE: dict[tuple[str, str], Row] = {(r.file, r.function): r for r in ROWS}
 
@@ -43,6 +48,8 @@ SGLANG_PERSISTED: frozenset[tuple[str, str]] = frozenset({
     ("kernels/ops/attention/kda_decode_mtp.py", "fused_kda_decode_mtp_dspark"),
 })
 
+#: Distributions SGLang's kernels are traced with besides the DSL: FA4 calls quack's helpers.
+COMPANIONS = ("quack-kernels",)
 #: Variables SGLang's code reads that change no generated code: where its caches live and its logs.
 NOT_CODEGEN_ENV = frozenset({"SGLANG_CUTE_AOT_CACHE_DIR", "SGLANG_CACHE_DIR", "SGLANG_LOGGING_CONFIG_PATH"})
 #: What ``doctor`` says of the rows.
