@@ -180,7 +180,8 @@ _ASIDE = """
     from sglang.kernels.ops.attention.flash_attn.cute import interface
     from cute_diskcache.sglang_sites import native, sites
     kinds = lambda: sorted({type(getattr(getattr(interface, f), a)).__name__ for f, a in sites.AOT_CACHES})
-    out = {"aside": native.standing_aside(interface), "kinds": kinds()}
+    from cute_diskcache.core import hook
+    out = {"aside": native.standing_aside(interface), "kinds": kinds(), "trees": hook._tree_facts.cache_info().currsize}
     cute_diskcache.uninstall()
     out.update(after=native.standing_aside(interface), kinds_after=kinds())
     print(json.dumps(out))
@@ -189,12 +190,13 @@ _ASIDE = """
 
 def test_sglang_s_fa4_cache_stands_aside_and_comes_back(sglang_python: str, tmp_path: Path) -> None:
     """One kernel, one cache: as the FA4 interface is imported, its four persistent caches become
-    SGLang's own in-memory ones; uninstall puts SGLang's back. Left to SGLang, nothing is replaced."""
+    SGLang's own in-memory ones; uninstall puts SGLang's back. Left to SGLang, nothing is replaced.
+    While ours serves, FA4's code tree is fingerprinted at that import, not by the first request."""
     aot = {"SGLANG_CUTE_AOT_CACHE_DIR": str(tmp_path / "aot")}
     out = _child(sglang_python, _ASIDE, aot)
-    assert out == {"aside": True, "kinds": ["JITCache"], "after": False, "kinds_after": ["JITPersistentCache"]}
+    assert out == {"aside": True, "kinds": ["JITCache"], "trees": 1, "after": False, "kinds_after": ["JITPersistentCache"]}
     left = _child(sglang_python, _ASIDE, {**aot, "CUTE_DISKCACHE_NATIVE_SITES": "sglang"})
-    assert left["aside"] is False and left["kinds"] == ["JITPersistentCache"]
+    assert left["aside"] is False and left["kinds"] == ["JITPersistentCache"] and left["trees"] == 0
 
 
 def test_a_keyword_wrapper_with_a_default_that_is_no_plain_value_keeps_its_convention() -> None:

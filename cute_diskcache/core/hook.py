@@ -193,6 +193,15 @@ def _tree_facts(package: str, tree: str) -> tuple[str, tuple[str, ...]]:
     return h.hexdigest(), tuple(sorted(reads))
 
 
+def fingerprint_tree(library: Adapter, tree: str) -> None:
+    """Fingerprint one of a library's trees now (once per process), so that its first compile or
+    hit does not pay for it; an adapter calls it as the library's code is imported. Never raises."""
+    try:
+        _tree_facts(library.package_dir() or "", tree)
+    except OSError as exc:  # the first compile reads it again, and says what failed
+        log.debug("fingerprinting %s's %s deferred: %s", library.name, tree or "tree", exc)
+
+
 def _environment(call: Call, library: Adapter | None = None) -> Environment:
     """The site's module, the compile's, the libraries' modules its arguments come from, its kernel tree.
 

@@ -16,10 +16,20 @@ if TYPE_CHECKING:
 
 
 def patch(module: ModuleType) -> bool:
-    """Attach to one SGLang module as it is imported (idempotent). True if we stand in it."""
+    """Attach to one SGLang module as it is imported (idempotent). True if we stand in it.
+
+    While ours serves FA4, its code tree is fingerprinted now, as SGLang imports the interface at
+    engine start, not in the first FA4 request (0.4 s here for ``kernels/ops/attention``)."""
     from . import native
 
-    return native.patch(module)
+    standing = native.patch(module)
+    if standing:
+        from ..core.hook import fingerprint_tree
+        from .adapter import ADAPTER
+        from .sites import FA4_TREE
+
+        fingerprint_tree(ADAPTER, FA4_TREE)
+    return standing
 
 
 def unpatch(module: ModuleType) -> None:
