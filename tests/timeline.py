@@ -18,6 +18,9 @@ from typing import Any, Iterator
 import pytest
 
 ENV = "CUTE_DISKCACHE_TEST_TIMELINE"
+#: Bound at import: tests replace ``os.open`` and ``os.write`` (a full disk, a failing write), and
+#: a report made while one is replaced must still be recorded, never crash the worker.
+_open, _write, _close = os.open, os.write, os.close
 
 
 def _append(record: dict[str, Any]) -> None:
@@ -25,11 +28,11 @@ def _append(record: dict[str, Any]) -> None:
     if not path:
         return
     record["worker"] = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = _open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, (json.dumps(record) + "\n").encode())
+        _write(fd, (json.dumps(record) + "\n").encode())
     finally:
-        os.close(fd)
+        _close(fd)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
