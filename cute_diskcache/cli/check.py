@@ -28,7 +28,7 @@ import shlex
 import sys
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from .. import config, prewarm
 from . import coverage
@@ -113,6 +113,27 @@ def _plan_flashinfer(args: argparse.Namespace, root: Path) -> tuple[str, list[st
     return (shape or dense).model, notes, rows
 
 
+def _kernel(request: dict[str, Any], library: str, group: str, call: dict[str, Any] | None = None) -> prewarm.Kernel:
+    """The kernel one planned request names, as ``judge`` reads it (its site without the library's prefix)."""
+    return prewarm.Kernel(request["digest"], request["site"].removeprefix(f"{library}."), key=request["key"], group=group,
+                          call=call, extra_ok=request["extra_ok"])
+
+
+def _judged(root: Path, plan: Callable[[], Iterable[tuple[Any, list[dict[str, Any]]]]],
+            kernel: Callable[[Any, dict[str, Any]], prewarm.Kernel], ms: Callable[[Any], list[int]], none: str) -> list[dict[str, Any]]:
+    """Judge every kernel a library's planned requests name, once each with every token count that
+    asks for it. ``plan`` runs inside the read-only settings (planning must write nothing); ``none``
+    is the error when it names no kernel."""
+    kernels: dict[str, prewarm.Kernel] = {}
+    with _read_only_settings(str(root)):
+        for batch, requests in plan():
+            for r in requests:
+                kernels.setdefault(r["digest"], kernel(batch, r)).ms.extend(ms(batch))
+        if not kernels:
+            raise CliError(none)
+        return judge(kernels)
+
+
 def _plan_b12x(args: argparse.Namespace, root: Path) -> tuple[str, list[str], list[dict[str, Any]]]:
     """(model, notes, judged rows) of ``--linear-backend b12x``: the kernels of b12x's jobs as
     ``prewarm --linear-backend b12x`` plans them (:func:`..prewarm.b12x.requests`)."""
@@ -126,17 +147,9 @@ def _plan_b12x(args: argparse.Namespace, root: Path) -> tuple[str, list[str], li
     if adapter.left_to_b12x():
         raise CliError(f"{config.env_name('native_sites')} names b12x: b12x's kernels are kept by b12x's own disk "
                        "cache, which check does not judge")
-    kernels: dict[str, prewarm.Kernel] = {}
-    with _read_only_settings(str(root)):
-        for job, requests in prewarm_b12x.requests(args, dense, counts):
-            for r in requests:
-                call = {"linear": job.linear, "n": job.n, "k": job.k, "capacity": job.capacity}
-                k = kernels.setdefault(r["digest"], prewarm.Kernel(r["digest"], r["site"].removeprefix("b12x."), key=r["key"],
-                                                                   group="b12x", call=call, extra_ok=r["extra_ok"]))
-                k.ms.extend(job.ms)
-        if not kernels:
-            raise CliError(f"b12x requested no kernel cute-diskcache covers for {dense.model}; nothing to check")
-        rows = judge(kernels)
+    rows = _judged(root, lambda: prewarm_b12x.requests(args, dense, counts),
+                   lambda job, r: _kernel(r, "b12x", "b12x", {"linear": job.linear, "n": job.n, "k": job.k, "capacity": job.capacity}),
+                   lambda job: job.ms, f"b12x requested no kernel cute-diskcache covers for {dense.model}; nothing to check")
     return dense.model, [], rows
 
 
@@ -153,17 +166,9 @@ def _plan_b12x_moe(args: argparse.Namespace, root: Path) -> tuple[str, list[str]
     if adapter.left_to_b12x():
         raise CliError(f"{config.env_name('native_sites')} names b12x: b12x's kernels are kept by b12x's own disk "
                        "cache, which check does not judge")
-    kernels: dict[str, prewarm.Kernel] = {}
-    with _read_only_settings(str(root)):
-        for tokens, requests in b12x_moe.requests(args, layer, mode, counts):
-            for r in requests:
-                k = kernels.setdefault(r["digest"], prewarm.Kernel(r["digest"], r["site"].removeprefix("b12x."), key=r["key"],
-                                                                   group="b12x-moe", call={"mode": mode, "tokens": tokens},
-                                                                   extra_ok=r["extra_ok"]))
-                k.ms.append(tokens)
-        if not kernels:
-            raise CliError(f"b12x requested no MoE kernel cute-diskcache covers for {args.model}; nothing to check")
-        rows = judge(kernels)
+    rows = _judged(root, lambda: b12x_moe.requests(args, layer, mode, counts),
+                   lambda tokens, r: _kernel(r, "b12x", "b12x-moe", {"mode": mode, "tokens": tokens}),
+                   lambda tokens: [tokens], f"b12x requested no MoE kernel cute-diskcache covers for {args.model}; nothing to check")
     return str(args.model), [], rows
 
 
@@ -180,16 +185,8 @@ def _plan_sglang(args: argparse.Namespace, root: Path) -> tuple[str, list[str], 
     if adapter.left_to_sglang():
         raise CliError(f"{config.env_name('native_sites')} names sglang: SGLang's FA4 kernels are kept by SGLang's own "
                        "cute_aot cache, which check does not judge")
-    kernels: dict[str, prewarm.Kernel] = {}
-    with _read_only_settings(str(root)):
-        for bs, requests in prewarm_sglang.requests(args, att, sizes):
-            for r in requests:
-                k = kernels.setdefault(r["digest"], prewarm.Kernel(r["digest"], r["site"].removeprefix("sglang."), key=r["key"],
-                                                                   group="sglang", extra_ok=r["extra_ok"]))
-                k.ms.append(bs)
-        if not kernels:
-            raise CliError(f"SGLang requested no FA4 kernel for {args.model}; nothing to check")
-        rows = judge(kernels)
+    rows = _judged(root, lambda: prewarm_sglang.requests(args, att, sizes), lambda bs, r: _kernel(r, "sglang", "sglang"),
+                   lambda bs: [bs], f"SGLang requested no FA4 kernel for {args.model}; nothing to check")
     return str(args.model), ["SGLang's prefill kernels are not planned: the engine's first start compiles them"], rows
 
 
