@@ -118,6 +118,9 @@ _PLATFORMS = ("manylinux_2_36_aarch64", "manylinux_2_35_aarch64", "manylinux_2_3
 _DROPPED_ENV = re.compile(r"^(CUTE_DISKCACHE_.*|FLASHINFER_B12X_DISK_CACHE|CUTE_DSL_ARCH|PYTHONPATH|PYTHONHOME|"
                           r"PYTHONDONTWRITEBYTECODE|PYTHONSTARTUP)$")
 STEP_TIMEOUT_S = 1800
+#: Each apt-get try against the mirror (the update and the download take seconds when the mirror answers).
+APT_TRY_S = 180
+APT_TRIES = 3
 
 
 def qemu() -> str | None:
@@ -160,6 +163,21 @@ def _run(cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+def _apt(cmd: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """apt-get against Debian's mirror, each try bounded: a connection that stalls is killed and
+    tried again rather than waited out (seen 2026-12-07: ``apt-get update`` sat 7 minutes on one
+    InRelease that curl then fetched in 13 ms; apt's own http timeout never fired)."""
+    for attempt in range(1, APT_TRIES + 1):
+        try:
+            return _run(cmd, timeout=APT_TRY_S, **kwargs)
+        except subprocess.TimeoutExpired:
+            if attempt == APT_TRIES:
+                raise
+            log.warning("apt-get %s stalled for %d s; trying again (%d of %d)", cmd[-1] if cmd[-1] == "update" else "download",
+                        APT_TRY_S, attempt + 1, APT_TRIES)
+    raise AssertionError("unreachable")
+
+
 def _stamp(path: Path, data: Any) -> bool:
     """Whether ``path`` records ``data`` (the part was built from this spec)."""
     try:
@@ -194,10 +212,10 @@ def build_sysroot(scratch: Path) -> Path:
     # This machine's sources, arm64 indexes in a private state directory: dpkg's own is untouched.
     opts = ["-o", "APT::Architecture=arm64", "-o", "APT::Architectures::=arm64", "-o", f"Dir::State::Lists={apt / 'lists'}",
             "-o", f"Dir::Cache={apt / 'cache'}", "-o", f"Dir::State::status={apt / 'status'}", "-o", "Debug::NoLocking=1"]
-    _run(["apt-get", *opts, "update"])
+    _apt(["apt-get", *opts, "update"])
     for old in (apt / "debs").glob("*.deb"):
         old.unlink()
-    _run(["apt-get", *opts, "download", *DEBS], cwd=apt / "debs")
+    _apt(["apt-get", *opts, "download", *DEBS], cwd=apt / "debs")
     shutil.rmtree(sysroot, ignore_errors=True)
     for deb in sorted((apt / "debs").glob("*.deb")):
         _run(["dpkg", "-x", deb, sysroot])
