@@ -89,4 +89,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from cute_diskcache.fast_exit import end
+
+    end(main())

@@ -396,7 +396,7 @@ print(json.dumps([[ep.value, str(ep.dist.locate_file(""))] for ep in eps]))
     )
     assert len(out) == 1
     value, dist = out[0]
-    assert value == "cute_diskcache.cli:main"
+    assert value == "cute_diskcache.cli:console"
     assert venvs.full.owns(dist)
 
 

@@ -142,5 +142,14 @@ def main(argv: list[str] | None = None) -> int:
             logger.removeHandler(handler)
 
 
+def console() -> int:
+    """The ``cute-diskcache`` command (pyproject's script): :func:`main` in a process of its own, which
+    ends once its exit handlers have run (:mod:`..fast_exit`); ``main`` itself also runs inside
+    other programs and tests, whose exit is theirs."""
+    from ..fast_exit import end
+
+    return end(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

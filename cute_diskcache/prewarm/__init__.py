@@ -796,6 +796,14 @@ def main(argv: list[str] | None = None) -> int:
     return run(args)
 
 
+def console() -> int:
+    """The ``cute-diskcache-prewarm`` command (pyproject's script): :func:`main` in a process of its
+    own, which ends once its exit handlers have run (:mod:`..fast_exit`)."""
+    from ..fast_exit import end
+
+    return end(main())
+
+
 def run(args: argparse.Namespace) -> int:
     """Prewarm as parsed by :func:`build_parser` or ``cute-diskcache prewarm`` (same flags);
     ``--root`` is the cache root for this run and its workers."""
