@@ -141,6 +141,25 @@ _SOURCES = """
 """
 
 
+def test_sglangs_arch_detection_sees_the_target_card_on_a_cpu_torch(sglang_python: str, tmp_path: Path) -> None:
+    """Issue 41 4b, the lent H100 re-run: with the keys fixed, 2 of the 3 FA4 kernels a GPU forced
+    to sm_120a asked for were the CPU prewarm's, byte for byte; the split-KV combine was not. SGLang
+    compiles it with PDL when its JIT arch detection finds capability >= 9, and on a CPU torch that
+    detection (``torch.cuda.current_device()`` first) found nothing and said 0.0: the prewarm built
+    a combine kernel without PDL that no sm12x GPU asks for. Under a target profile, SGLang's
+    detection now sees the profile's card."""
+    out = _child(sglang_python, """
+        import json
+        import cute_diskcache
+        cute_diskcache.install(target="rtx-pro-6000")
+        import sglang.kernels.ops.attention.flash_attn.cute.interface
+        from sglang.kernels.jit.utils.arch import get_jit_cuda_arch, is_arch_support_pdl
+        arch = get_jit_cuda_arch()
+        print(json.dumps([arch.major, arch.minor, is_arch_support_pdl()]))
+    """, {}, tmp_path / "root")
+    assert out == [12, 0, True], out
+
+
 def test_an_fa4_key_does_not_depend_on_what_the_process_loaded_before_the_compile(tmp_path: Path) -> None:
     """Issue 41 4b: the CPU prewarm (SGLang's call on fake tensors) and a GPU engine (real tensors,
     which load FA4's SM12x forward host first) keyed the same kernels apart, with "the kernel's

@@ -40,6 +40,41 @@ def unpatch(module: ModuleType) -> None:
 
 
 def apply_profile(module: ModuleType) -> None:
-    """A target profile needs nothing per SGLang module: it is applied before ``sglang`` is
-    imported (the FA4 interface reads torch's stream getter at import; the profile answers it)."""
-    return None
+    """A target profile on a CPU torch: SGLang's JIT arch detection sees the profile's card.
+
+    The profile is applied before ``sglang`` is imported (the FA4 interface reads torch's stream
+    getter at import; the profile answers it). But SGLang's detection
+    (``kernels/jit/utils/arch.py``, run once, at the first kernel that asks) starts with
+    ``torch.cuda.current_device()``, which a CPU torch cannot answer: it logged "Cannot detect CUDA
+    architecture", took capability 0.0, and ``is_arch_support_pdl()`` said no, so the prewarm
+    compiled FA4's split-KV combine without PDL, a kernel no sm12x GPU asks for (the lent H100 run
+    of ``bench/gpu_proof_sglang.py``, forced to sm_120a, asked for the PDL one: 2 of its 3 keys
+    were the CPU prewarm's). Here the detection runs with the profile's card as device 0; a CUDA
+    torch names its own device (a forced profile answers its capability), so it is left alone."""
+    import sys
+
+    from .names import FA4_INTERFACE, JIT_ARCH
+
+    if module.__name__ != FA4_INTERFACE:
+        return
+    from ..keys import targets
+
+    arch = sys.modules.get(JIT_ARCH)
+    detect = getattr(arch, "_init_jit_cuda_arch_once", None)
+    if targets.active() is None or detect is None or getattr(detect, "on_profile", False):
+        return
+    import torch
+
+    if torch.version.cuda is not None:
+        return
+
+    def detect_on_profile() -> None:
+        current_device = torch.cuda.current_device
+        torch.cuda.current_device = lambda: 0
+        try:
+            detect()
+        finally:
+            torch.cuda.current_device = current_device
+
+    detect_on_profile.on_profile = True  # type: ignore[attr-defined]
+    arch._init_jit_cuda_arch_once = detect_on_profile  # type: ignore[union-attr]
