@@ -22,6 +22,14 @@ prewarmed here with ``prewarm llama-3.1-8b-nvfp4 --engine sglang --attention-bac
 rtx-pro-6000 --context-length 8192 --cuda-graph-bs 1 24``)::
 
     python3 bench/gpu_proof_sglang.py all --cpu-root CPU_ROOT --out $OUT/gpu_proof_sglang.json
+
+Staging, as done on 2026-12-07 (the device has Python 3.12 and no network; a call carries 64 MiB
+with the tree): ``FLASHINFER_VERSION=0.7.2 DSL_VERSION=4.8.0 ../shared/device/stage.sh``, then drop
+flashinfer's wheel from ``.dev/s2`` (65 MB; FA4 does not import it), split ``cu13.tar.xz`` (63.6 MB)
+into two parts parked by two calls, and add to ``.dev/s2`` SGLang's tree unpacked from its cp311
+wheel without its Rust ``.so`` files (31 MB as tar.xz), cp312 wheels of quack-kernels 0.6.5,
+apache-tvm-ffi 0.1.11 (replacing stage.sh's) and ``scripts/make_sglang_venv.sh``'s import-time
+packages, and the CPU root.
 """
 
 from __future__ import annotations
