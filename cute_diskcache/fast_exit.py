@@ -24,12 +24,13 @@ cute_diskcache``, ``cute-diskcache``, prewarm (and its workers) and the probe ca
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import threading
-from typing import Any
+from typing import NoReturn
 
 
-def end(code: int | None) -> Any:
+def end(code: int | None) -> NoReturn:
     """End the process with the command's exit ``code`` (``sys.exit``'s meaning of None and ints)."""
     shutdown = getattr(threading, "_shutdown", None)
     run_handlers = getattr(atexit, "_run_exitfuncs", None)
@@ -43,6 +44,4 @@ def end(code: int | None) -> Any:
             stream.flush()
         except (OSError, ValueError):  # a reader gone, a stream closed: Python's own exit says 120
             status = status or 120
-    import os
-
     os._exit(status)
