@@ -114,10 +114,10 @@ def counters() -> dict[str, Any]:
     from .core.cache import default_cache
 
     cache = default_cache()
-    out = cache.counters.as_dict()
+    out = cache.tally.snapshot()
     out["rejected"] = cache.store.rejected
     out["root"] = str(cache.store.root)
     out["writable"] = cache.store.writable
     if cache.remote is not None:
-        out.update(cache.remote.counters.as_dict())
+        out.update(cache.remote.tally.snapshot())
     return out

@@ -41,6 +41,7 @@ from types import ModuleType
 from typing import Any
 
 from ..core.patches import PATCHES
+from ..storage.counting import NOT_SERVED
 from . import adapter, names, sites
 
 log = logging.getLogger("cute_diskcache")
@@ -77,10 +78,10 @@ def _lowering_forbidden() -> bool:
 _pending = threading.local()  # per thread: our cache's event count at b12x's last load, its held miss line
 
 
-def _events() -> list[Any]:
+def _tally() -> Any:
     from ..core.cache import default_cache
 
-    return default_cache().events
+    return default_cache().tally
 
 
 def _settle(module: ModuleType) -> None:
@@ -89,8 +90,8 @@ def _settle(module: ModuleType) -> None:
     _pending.mark = _pending.held = None
     if mark is None:
         return
-    outcomes = {event[2] for event in _events()[mark:]}
-    if outcomes and not outcomes & {"miss", "failed", "refused"}:
+    outcomes = {event.outcome for event in _tally().since(mark)}
+    if outcomes and not outcomes & {"miss", *NOT_SERVED}:
         with module._MEMORY_CACHE_LOCK:
             module._COMPILE_MISSES -= 1
             module._DISK_CACHE_HITS += 1
@@ -105,7 +106,7 @@ def _stand_in(name: str, real: Any, module: ModuleType) -> Any:
         def load(cache_key: str) -> Any:
             if _lowering_forbidden():
                 return real(cache_key)
-            _pending.mark, _pending.held = len(_events()), None
+            _pending.mark, _pending.held = _tally().mark(), None
             return None
         fn: Any = load
     elif name == "_log_cute_compile_miss":

@@ -15,7 +15,6 @@ identity, and runs the jobs in workers set up as b12x's own GPU-less compile wor
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
 from typing import Any
 
 #: vLLM 0.34's NVFP4 recipe as ``mm_nvfp4`` passes it to ``blockscaled.mm``.
@@ -123,8 +122,8 @@ def init_worker(target: str, host_machine: str | None = None) -> None:
                                     _Activity())
 
 
-def _compile_worker(target: str, host_machine: str | None) -> None:
-    """A worker of :func:`compile_jobs`: :func:`init_worker`, its cache a prewarm worker's (no
+def compile_worker(target: str, host_machine: str | None) -> None:
+    """A prewarm worker compiling b12x's jobs: :func:`init_worker`, its cache a prewarm worker's (no
     attach line or exit summary, compiles at DEBUG, counted as prewarm statistics), as flashinfer's are."""
     init_worker(target, host_machine)
     from ..core.cache import default_cache
@@ -153,22 +152,10 @@ def run_job(job: Any) -> dict[str, Any]:
 
     from b12x._lib.compile_pool import _factory
 
-    from .. import counters
     from ..core.cache import default_cache
 
-    before = counters()
-    events = len(default_cache().events)
     t0 = time.perf_counter()
-    programs = _factory(job.factory)(*job.args, **dict(job.kwargs))
-    after = counters()
-    digests = sorted({e[1] for e in default_cache().events[events:] if e[2] not in ("failed", "refused")})
+    with default_cache().tally.watch("compiles", "hits", "errors") as seen:
+        programs = _factory(job.factory)(*job.args, **dict(job.kwargs))
     return {"seconds": time.perf_counter() - t0, "programs": len(programs) if hasattr(programs, "__len__") else 1,
-            "digests": digests, **{k: after[k] - before[k] for k in ("compiles", "hits", "errors")}}
-
-
-def compile_jobs(jobs: list[PlannedJob], target: str, workers: int, host_machine: str | None = None) -> list[dict[str, Any]]:
-    """Run every job in ``workers`` spawned processes (each compiles for ``target``, its host code
-    for ``host_machine``)."""
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(max(1, min(workers, len(jobs))), initializer=_compile_worker, initargs=(target, host_machine)) as pool:
-        return pool.map(run_job, [p.job for p in jobs], chunksize=1)
+            "digests": seen.digests, **seen.counts}

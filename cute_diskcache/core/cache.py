@@ -16,14 +16,13 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterator
 
 from . import as_compiled, export, report
 from .. import config
 from ..keys import devicefacts, hostmachine, trace
-from ..storage import entry, eviction, explain, layout, loader, locking, reuse, stats
+from ..storage import counting, entry, eviction, explain, layout, loader, locking, reuse, stats
 from ..errors import CacheMissError
 from ..keys.key import CacheKey
 from ..storage.store import Store, side_data_refusal
@@ -40,10 +39,6 @@ HIT_FROM = "_hit_from"
 #: the counters a served kernel moves: (count, seconds), in the process and in stats
 _HIT = ("hits", "load_seconds")
 _REUSED = ("reused", "reuse_seconds")
-#: A prewarm worker's counts in the statistics file: these under ``prewarm_<name>``, and the
-#: misses and seconds of serving not at all (a fresh prewarm is no serving miss; see stats.FIELDS).
-_PREWARM_APART = frozenset({"hits", "reused", "compiles", "compile_seconds"})
-_SERVING_ONLY = frozenset({"misses", "load_seconds", "reuse_seconds", "saved_seconds"})
 
 #: CUTE_DISKCACHE_ON_MISS values; the first is the default. ``warn`` is ``compile`` under the name
 #: vLLM's ``--jit-monitor-mode warn`` uses: both compile, with a WARNING saying why it missed.
@@ -86,32 +81,6 @@ class NotLoaded:
         return f"NotLoaded({self.digest[:12]}, {self.machine})"
 
 
-@dataclass
-class Counters:
-    """This process's activity; ``cute_diskcache.counters()`` returns a copy."""
-
-    hits: int = 0
-    misses: int = 0
-    compiles: int = 0
-    writes: int = 0
-    errors: int = 0  # export/load failures that fell back to the plain compile
-    compile_seconds: float = 0.0
-    load_seconds: float = 0.0
-    saved_seconds: float = 0.0  # compile seconds recorded in the entries we loaded
-    lock_waits: int = 0  # misses that waited for another process compiling the same kernel
-    lock_wait_seconds: float = 0.0
-    shared_loads: int = 0  # hits loaded from the linked shared object (the rest: the DSL's object loader)
-    # second-stage reuse (issue 31): misses served by another release's entry with the same traced IR (not in hits or
-    # misses), with their seconds (trace + link + load); traces made on misses to look for one
-    reused: int = 0
-    reuse_seconds: float = 0.0
-    traces: int = 0
-    trace_seconds: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 class CompileCache:
     """A store plus the process's counters.
 
@@ -134,19 +103,13 @@ class CompileCache:
         self.remote = remote
         self.single_flight = single_flight
         self.lock_timeout = lock_timeout
-        self.counters = Counters()
+        # What this process counts and every kernel's outcome, and the statistics file behind them
+        # (:mod:`..storage.counting`: the one place the cache counts).
+        self.tally = counting.Tally(counting.Counters())
         stats.bind(store.root if store.writable else None, shared=store.trust_shared, group=store.trust_group)
-        # (site, digest, "hit" | "miss", seconds, persist seconds), in order: what the bench
-        # and tests read. seconds is the load (hit) or the compile (miss); persist seconds is
-        # the export + write a miss added on top of its compile.
-        self.events: list[tuple[str, str, str, float, float]] = []
-        self._lock = threading.Lock()
         # compile | warn | error: what a miss does (read once: a process's policy does not change under it)
         self.on_miss = on_miss_setting()
         self.miss_level = logging.WARNING  # of the line each compile logs (why it missed)
-        # serve | prewarm: whose lookups the statistics count (prewarm's apart: its compiles are
-        # its job, not misses, and a fresh prewarm must not read as a 5% hit rate)
-        self.counting = "serve"
         self._announced = False
         # A rank of an engine whose ranks were not set up at attach says its attach line at its
         # first request (:func:`.report.attached`); which rank this process is, once known.
@@ -170,7 +133,7 @@ class CompileCache:
         statistics, apart from serving's hits and misses. Call before flashinfer is imported."""
         self.on_miss = "compile"
         self.miss_level = logging.DEBUG
-        self.counting = "prewarm"
+        self.tally.prewarm = True
         self._announced = True
         self.store.rebuild_tuned_entries()
 
@@ -254,7 +217,7 @@ class CompileCache:
         else:
             with self.store.single_flight(key, self.lock_timeout) as flight:
                 if flight.outcome in ("waited", "timeout"):
-                    self._count(None, lock_waits=1, lock_wait_seconds=flight.waited_seconds)
+                    self.tally.add(None, lock_waits=1, lock_wait_seconds=flight.waited_seconds)
                 if flight.held:
                     hit = self._try_hit(key, extra_ok=extra_ok)  # the process we waited for (or one just before) committed it
                     if hit is not None:
@@ -289,7 +252,7 @@ class CompileCache:
             found = self.remote.fetch(key, self.store) if remote and self.remote is not None else self.store.lookup_or_quarantine(key, load=True)
         except Exception as exc:  # noqa: BLE001 - a bug of ours must cost a compile, never the caller's kernel
             log.error("cute-diskcache lookup failed unexpectedly (%s: %s); compiling", type(exc).__name__, exc)
-            self._count(None, errors=1)
+            self.tally.add(None, errors=1)
             found = None
         if found is not None:
             manifest = found[0]
@@ -361,7 +324,7 @@ class CompileCache:
         found: list[tuple[dict[str, Any], str, float, int]] = []
 
         def decide(traced: trace.Traced) -> bool:
-            self._count(key.env.namespace, traces=1, trace_seconds=traced.seconds)
+            self.tally.add(key.env.namespace, traces=1, trace_seconds=traced.seconds)
             k2 = trace.stage_two_key(key, traced, plan.context)
             before = layout.entry_bytes(self.store.entry_dir(key))
             manifest = self._link_first(key, k2)
@@ -414,7 +377,7 @@ class CompileCache:
             log.debug("no trace of %s %s: %s: %s", key.site, key.digest[:12], type(exc).__name__, exc)
             return None
         traced_s = time.perf_counter() - t0
-        self._count(key.env.namespace, traces=1, trace_seconds=traced_s)
+        self.tally.add(key.env.namespace, traces=1, trace_seconds=traced_s)
         k2 = trace.stage_two_key(key, traced, plan.context)
         dest = self.store.entry_dir(key)
         try:
@@ -442,7 +405,7 @@ class CompileCache:
         if hit is None:  # linked, but not for this process after all (host CPU, side data...): the compile rewrites it
             return None
         self._publish(key, k2)  # the newest entry: an old release's prune leaves it
-        level = logging.DEBUG if self.counting == "prewarm" else logging.INFO
+        level = logging.DEBUG if self.tally.prewarm else logging.INFO
         why = (f"from {reuse.reused_from(manifest)}: same traced IR (traced in {traced_s:.2f} s instead of a "
                f"{float(manifest['compile_seconds']):.1f} s compile)")
         log.log(level, "reused %s", report.describe_kernel(key, why))
@@ -468,29 +431,23 @@ class CompileCache:
         if found is not None:
             yield found
 
-    def _count(self, namespace: str | None, **amounts: float) -> None:
-        """Count in this process (:class:`Counters`, ``cute_diskcache.counters()``) and, under
-        ``namespace``, in the statistics file (``cute-diskcache stats``): the one place the cache
-        writes either. None: this process only (what the file has no field for)."""
-        with self._lock:
-            for field, amount in amounts.items():
-                if hasattr(self.counters, field):
-                    setattr(self.counters, field, getattr(self.counters, field) + amount)
-        if namespace is None:
-            return
-        prewarm = self.counting == "prewarm"
-        for field, amount in amounts.items():
-            if not (prewarm and field in _SERVING_ONLY):
-                stats.record(namespace, f"prewarm_{field}" if prewarm and field in _PREWARM_APART else field, amount)
+    @property
+    def counters(self) -> counting.Counters:
+        """This process's counts (``cute_diskcache.counters()`` returns a copy with the remote's)."""
+        return self.tally.fields
+
+    @property
+    def events(self) -> list[counting.Event]:
+        """Every kernel asked of this cache, in order (what the benches and tests read)."""
+        return self.tally.events
 
     def _count_served(self, key: CacheKey, manifest: dict[str, Any], names: tuple[str, str], event: str,
                       seconds: float) -> None:
         """Count a kernel served from an entry (a hit, or a reuse: ``names`` says which counters),
         in this process and in the statistics file, and mark the entry used for eviction."""
         count, seconds_name = names
-        self._count(key.env.namespace, **{count: 1, seconds_name: seconds, "saved_seconds": float(manifest["compile_seconds"])})
-        with self._lock:
-            self.events.append((key.site, key.digest, event, seconds, 0.0))
+        self.tally.add(key.env.namespace, **{count: 1, seconds_name: seconds, "saved_seconds": float(manifest["compile_seconds"])})
+        self.tally.event(key.site, key.digest, event, seconds)
         if self.store.writable:
             eviction.touch(self.store.entry_dir(key))
 
@@ -507,7 +464,7 @@ class CompileCache:
         if role == "shared":
             try:
                 kernel = loader.load_shared(data, manifest["symbol"])
-                self._count(None, shared_loads=1)
+                self.tally.add(None, shared_loads=1)
                 return kernel
             except Exception as exc:  # noqa: BLE001 - an unexpected runtime: never the entry's fault
                 log.debug("shared object of %s not loadable here (%s: %s); loading the object", key.digest[:12], type(exc).__name__, exc)
@@ -544,9 +501,8 @@ class CompileCache:
             # The compile failed, or whatever it goes through refused it (vLLM's JIT monitor in
             # `error` mode): a miss with nothing compiled, and the caller gets the exception. The
             # "compiling" line above said what was tried; this one says it did not happen.
-            self._count(ns, misses=1)
-            with self._lock:
-                self.events.append((key.site, key.digest, "failed", time.perf_counter() - t0, 0.0))
+            self.tally.add(ns, misses=1)
+            self.tally.event(key.site, key.digest, "failed", time.perf_counter() - t0)
             if log.isEnabledFor(self.miss_level) and isinstance(exc, Exception):
                 first = (str(exc).splitlines() or [""])[0][:200]
                 log.log(self.miss_level, "not compiled: %s %s raised %s: %s; nothing written", key.site, key.digest[:12],
@@ -554,7 +510,7 @@ class CompileCache:
             raise
         seconds = time.perf_counter() - t0
         extra = extra_fn(kernel) if extra_fn is not None else {}
-        self._count(ns, misses=1, compiles=1, compile_seconds=seconds)
+        self.tally.add(ns, misses=1, compiles=1, compile_seconds=seconds)
         wrote = False
         t_persist = time.perf_counter()
         made: list[entry.Artifact] = []
@@ -565,17 +521,16 @@ class CompileCache:
                                                                   captured=objects)))
                 wrote = manifest is not None
                 if manifest is not None:
-                    self._count(ns, writes=1, bytes_written=sum(p["size"] for items in manifest["payloads"].values() for p in items))
+                    self.tally.add(ns, writes=1, bytes_written=sum(p["size"] for items in manifest["payloads"].values() for p in items))
             except Exception as exc:  # noqa: BLE001 - never let persistence break a kernel the caller already has
-                self._count(ns, errors=1)
+                self.tally.add(ns, errors=1)
                 log.warning("could not persist %s kernel: %s: %s", key.site, type(exc).__name__, exc)
             if wrote:
                 # what this compile lowered: the next release's trace finds it
                 self._publish(key, trace.stage_two_key(key, lowered[-1], plan.context) if plan is not None and lowered else None)
         if wrote and made and not made[-1].in_process:
             kernel, extra = self._as_written(key, kernel, extra)
-        with self._lock:
-            self.events.append((key.site, key.digest, "miss", seconds, time.perf_counter() - t_persist))
+        self.tally.event(key.site, key.digest, "miss", seconds, time.perf_counter() - t_persist)
         log.debug(  # the WARNING before the compile said why; the exit summary adds up the seconds
             "miss %s %s: compiled in %.2f s%s",
             key.site,
@@ -614,9 +569,8 @@ class CompileCache:
     def _refuse_to_compile(self, key: CacheKey) -> None:
         """``CUTE_DISKCACHE_ON_MISS=error``: count the miss, say why, raise; nothing compiled, locked or written."""
         why = self._why(key)
-        self._count(key.env.namespace, misses=1)
-        with self._lock:
-            self.events.append((key.site, key.digest, "refused", 0.0, 0.0))
+        self.tally.add(key.env.namespace, misses=1)
+        self.tally.event(key.site, key.digest, "refused")
         message = (f"CUTE_DISKCACHE_ON_MISS=error: not compiling {report.describe_kernel(key, why)} "
                    f"(cache {self.store.root}; prewarm it, or set CUTE_DISKCACHE_ON_MISS=compile)")
         log.error("%s", message)

@@ -182,7 +182,7 @@ def summary(cache: Any) -> None:
     """The exit line: only when the cache did anything; never raises. A rank of an engine leaves
     its counters for the node's one line, with the totals (:func:`.ranks.report_once`)."""
     try:
-        counters = cache.counters.as_dict()
+        counters = cache.tally.snapshot()
         here = getattr(cache, "ranks", None) or ranks.current()
         if here is not None:
             try:

@@ -220,7 +220,7 @@ def worker_main(args: argparse.Namespace) -> int:
         job = json.loads(line)
         recipe = [int(v) for v in job.get("moe", ())]
         m = recipe[-1] if recipe else int(job["dense"]["m"])
-        before = len(cache.events)
+        mark = cache.tally.mark()
         t0 = time.perf_counter()
         error = None
         records: list[dict[str, Any]] = []
@@ -235,7 +235,7 @@ def worker_main(args: argparse.Namespace) -> int:
                 records = [dispatcher.run(v) for v in recipe]
         except Exception as exc:  # noqa: BLE001 - reported per kernel; the worker carries on
             error = f"{type(exc).__name__}: {exc}"
-        events = [{"digest": e[1], "outcome": e[2], "seconds": e[3]} for e in cache.events[before:]]
+        events = [{"digest": e.digest, "outcome": e.outcome, "seconds": e.seconds} for e in cache.tally.since(mark)]
         # flashinfer's natively cached kernels, built (or found) by flashinfer itself.
         events += [{"digest": e["digest"], "outcome": e["outcome"], "seconds": e["seconds"], "path": e.get("path")}
                    for record in records for e in record.get("native", [])]

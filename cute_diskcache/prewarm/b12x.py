@@ -123,11 +123,10 @@ def _compile_missing(args: argparse.Namespace, jobs: list[Any]) -> list[dict[str
     prewarm skips its cached kernels: a rerun over a filled root, or a second Spark cross-build, costs
     the plan alone). Judged by :func:`..prewarm.mark_cached`, the checks serving applies."""
     from .. import prewarm
-    from ..keys import hostmachine
-    from ..b12x_sites import adapter, planning
+    from ..b12x_sites import adapter
 
     if adapter.left_to_b12x():  # b12x's own cache keeps them: nothing of ours to judge
-        return planning.compile_jobs(jobs, args.target, args.jobs, hostmachine.current())
+        return _compile(jobs, args)
     planned = _requests_of(args, jobs)
     cached: list[dict[str, Any] | None] = []
     for _job, reqs in planned:
@@ -137,8 +136,18 @@ def _compile_missing(args: argparse.Namespace, jobs: list[Any]) -> list[dict[str
         cached.append({"status": "cached", "seconds": 0.0, "programs": 0, "digests": sorted(kernels), "compiles": 0,
                        "hits": len(kernels), "errors": 0} if whole else None)
     todo = [job for job, done in zip(jobs, cached, strict=True) if done is None]
-    compiled = iter(planning.compile_jobs(todo, args.target, args.jobs, hostmachine.current()) if todo else [])
+    compiled = iter(_compile(todo, args))
     return [done if done is not None else next(compiled) for done in cached]
+
+
+def _compile(jobs: list[Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each job in one of ``--jobs`` spawned workers, set up for the target and this host machine."""
+    from . import spawned
+    from ..keys import hostmachine
+    from ..b12x_sites import planning
+
+    return spawned.starmap(planning.run_job, [(p.job,) for p in jobs], args.jobs, planning.compile_worker,
+                           (args.target, hostmachine.current()))
 
 
 def requests(args: argparse.Namespace, dense: Any, counts: tuple[int, ...]) -> list[tuple[Any, list[dict[str, Any]]]]:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import time
 from typing import Any
 
+from . import spawned
 from .b12x import Refused
 
 
@@ -82,22 +82,18 @@ def requests(args: argparse.Namespace, layer: Any, mode: str, counts: tuple[int,
 
 def _job(layer: Any, mode: str, tokens: int, sm_count: int) -> dict[str, Any]:
     """A worker's job: one launch, its compiles through our cache, nothing launched."""
-    from .. import counters
     from ..core import through
     from ..core.cache import default_cache
     from ..b12x_sites import moe
 
-    before, events, t0 = counters(), len(default_cache().events), time.perf_counter()
-    error = None
-    try:
-        with through.launching_nothing():
-            moe.drive(layer, mode, (tokens,), sm_count)
-    except Exception as exc:  # noqa: BLE001 - reported per job; the others carry on
-        error = f"{type(exc).__name__}: {exc}"
-    after = counters()
-    digests = sorted({e[1] for e in default_cache().events[events:] if e[2] not in ("failed", "refused")})
-    return {"tokens": tokens, "seconds": time.perf_counter() - t0, "digests": digests, "error": error,
-            **{k: after[k] - before[k] for k in ("compiles", "hits", "errors")}}
+    t0, error = time.perf_counter(), None
+    with default_cache().tally.watch("compiles", "hits", "errors") as seen:
+        try:
+            with through.launching_nothing():
+                moe.drive(layer, mode, (tokens,), sm_count)
+        except Exception as exc:  # noqa: BLE001 - reported per job; the others carry on
+            error = f"{type(exc).__name__}: {exc}"
+    return {"tokens": tokens, "seconds": time.perf_counter() - t0, "digests": seen.digests, "error": error, **seen.counts}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,11 +128,8 @@ def run(args: argparse.Namespace) -> int:
             else:
                 todo.append(tokens)
         sm_count = targets.get(args.target).sm_count
-        if todo:
-            context = multiprocessing.get_context("spawn")
-            with context.Pool(max(1, min(args.jobs, len(todo))), initializer=planning._compile_worker,
-                              initargs=(args.target, hostmachine.current())) as pool:
-                results += pool.starmap(_job, [(layer, mode, t, sm_count) for t in todo], chunksize=1)
+        results += spawned.starmap(_job, [(layer, mode, t, sm_count) for t in todo], args.jobs,
+                                   planning.compile_worker, (args.target, hostmachine.current()))
         results.sort(key=lambda r: r["tokens"])
     rows = [{"tokens": t, "kernels": [r["site"] for r in reqs], **next((r for r in results if r["tokens"] == t),
                                                                          {"status": "planned"})} for t, reqs in planned]

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import time
 from typing import Any
+
+from . import spawned
 
 
 class Refused(Exception):
@@ -84,20 +85,16 @@ def _worker(target: str) -> None:
 
 def _job(att: Any, bs: int) -> dict[str, Any]:
     """A worker's job: one batch size's decode call, its compiles through our cache."""
-    from .. import counters
     from ..core.cache import default_cache
     from ..sglang_sites import planning
 
-    before, events, t0 = counters(), len(default_cache().events), time.perf_counter()
-    error = None
-    try:
-        planning.decode(att, bs)
-    except Exception as exc:  # noqa: BLE001 - reported per job; the others carry on
-        error = f"{type(exc).__name__}: {exc}"
-    after = counters()
-    digests = sorted({e[1] for e in default_cache().events[events:] if e[2] not in ("failed", "refused")})
-    return {"bs": bs, "seconds": time.perf_counter() - t0, "digests": digests, "error": error,
-            **{k: after[k] - before[k] for k in ("compiles", "hits", "errors")}}
+    t0, error = time.perf_counter(), None
+    with default_cache().tally.watch("compiles", "hits", "errors") as seen:
+        try:
+            planning.decode(att, bs)
+        except Exception as exc:  # noqa: BLE001 - reported per job; the others carry on
+            error = f"{type(exc).__name__}: {exc}"
+    return {"bs": bs, "seconds": time.perf_counter() - t0, "digests": seen.digests, "error": error, **seen.counts}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,9 +117,7 @@ def run(args: argparse.Namespace) -> int:
     install(target=args.target)
     default_cache().for_prewarm()
     t0 = time.perf_counter()
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(1) as pool:
-        planned = pool.apply(_planned, (args,))
+    [planned] = spawned.starmap(_planned, [(args,)], 1)
     jobs: list[int] = []
     seen: set[str] = set()
     for bs, reqs in planned:
@@ -131,9 +126,8 @@ def run(args: argparse.Namespace) -> int:
             jobs.append(bs)
             seen |= new
     results: list[dict[str, Any]] = []
-    if not args.dry_run and jobs:
-        with context.Pool(max(1, min(args.jobs, len(jobs))), initializer=_worker, initargs=(args.target,)) as pool:
-            results = pool.starmap(_job, [(att, bs) for bs in jobs], chunksize=1)
+    if not args.dry_run:
+        results = spawned.starmap(_job, [(att, bs) for bs in jobs], args.jobs, _worker, (args.target,))
     rows = [{"bs": bs, "kernels": [r["site"] for r in reqs], **next((r for r in results if r["bs"] == bs), {"status": "planned"})}
             for bs, reqs in planned if reqs]
     errors = sum(r.get("errors", 0) + (1 if r.get("error") else 0) for r in rows)

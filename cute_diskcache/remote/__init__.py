@@ -161,7 +161,7 @@ class LazyRemote:
                 from .client import RemoteCache
 
                 self._real = RemoteCache.from_settings(self.settings)
-                self._real.counters.remote_setup_seconds += time.perf_counter() - t0
+                self._real.tally.add(None, remote_setup_seconds=time.perf_counter() - t0)
             return self._real
 
     def fetch(self, key: CacheKey, store: Store) -> Any:
@@ -203,6 +203,10 @@ class LazyRemote:
     @property
     def counters(self) -> Any:
         return self.get().counters
+
+    @property
+    def tally(self) -> Any:
+        return self.get().tally
 
 
 def from_url(url: str, *, timeout: float) -> Backend:

@@ -33,7 +33,6 @@ gives the child fresh locks and start-up state (and no leases: those are the par
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import queue
@@ -47,7 +46,7 @@ from typing import Any
 from collections.abc import Callable, Iterator, Sequence
 
 from .. import config
-from ..storage import entry, ingest, layout, reuse, stats
+from ..storage import counting, entry, ingest, layout, reuse, stats
 from ..keys.key import CacheKey, Environment
 from ..storage.layout import LAYOUT
 from ..storage.store import Store
@@ -67,28 +66,6 @@ SETUP_WAIT_S = 10.0
 COMPLETE_DELAY_S = 0.05
 #: Listing and bulk transfers (``export --to-remote`` / ``import --from-remote``): operator commands.
 BULK_TIMEOUT_MIN_S = 30.0
-
-
-@dataclasses.dataclass
-class RemoteCounters:
-    """This process's remote activity; ``cute_diskcache.counters()`` includes a copy."""
-
-    remote_hits: int = 0  # local misses served by the remote (fetched, verified, stored, loaded)
-    remote_misses: int = 0  # the remote had no such entry
-    remote_errors: int = 0  # failed or timed-out calls, and fetched values that did not verify
-    remote_skipped: int = 0  # local misses the breaker did not let through
-    remote_bytes_in: int = 0
-    remote_bytes_out: int = 0
-    remote_seconds: float = 0.0  # request-path time spent on the remote (fetch + verify + store)
-    published: int = 0  # entries written to the remote by the write-behind thread
-    publish_dropped: int = 0  # publishes not attempted (queue full, breaker open, entry gone)
-    remote_setup_seconds: float = 0.0  # once per process, at its first local miss: importing the remote tier and its client library
-    leases: int = 0  # fleet leases this process took to compile a kernel (the rest of the fleet waited)
-    lease_waits: int = 0  # misses that waited for another node's lease (then loaded its entry, or took over)
-    lease_wait_seconds: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 class RemoteCache:
@@ -113,7 +90,7 @@ class RemoteCache:
         self.readonly = readonly
         self.hmac_key = hmac_key or None  # our own entries are checked (signature included) before they leave
         self.breaker = Breaker(threshold=BREAKER_THRESHOLD, cooldown=cooldown, label=self.label)
-        self.counters = RemoteCounters()
+        self.tally = counting.Tally(counting.RemoteCounters())  # :mod:`..storage.counting`: the one place we count
         self._backend = backend
         self._backend_error: str | None = None
         self._init_lock = threading.Lock()
@@ -224,10 +201,12 @@ class RemoteCache:
             raise err if isinstance(err, RemoteError) else RemoteError(f"{type(err).__name__}: {err}")
         return box.get("value")
 
+    @property
+    def counters(self) -> counting.RemoteCounters:
+        return self.tally.fields
+
     def _count(self, namespace: str, field: str, amount: float = 1) -> None:
-        with self._lock:
-            setattr(self.counters, field, getattr(self.counters, field) + amount)
-        stats.record(namespace, field, amount)
+        self.tally.add(namespace, **{field: amount})
 
     def _warn_once(self, topic: str, msg: str, *args: Any) -> None:
         with self._lock:
@@ -264,8 +243,7 @@ class RemoteCache:
         t0 = time.perf_counter()
         if not self._ready.is_set():
             self._backend_within(SETUP_WAIT_S)
-            with self._lock:
-                self.counters.remote_setup_seconds += time.perf_counter() - t0
+            self.tally.add(None, remote_setup_seconds=time.perf_counter() - t0)
             t0 = time.perf_counter()
         ready, backend = self._backend_within(0)
         if ready and backend is None:  # no usable backend (warned once)
@@ -454,8 +432,7 @@ class RemoteCache:
                 if self._bounded(self.timeout, backend.lease_acquire, lname, holder, self.lease_ttl):
                     taken = lease.Lease(backend, lname, holder, self.lease_ttl, call=self._bounded, timeout=self.timeout)
                     if not self._published_meanwhile(backend, name, ns):
-                        with self._lock:
-                            self.counters.leases += 1
+                        self.tally.add(None, leases=1)
                         log.debug("lease %s taken: compiling %s for the fleet", lname, key.digest[:12])
                         return None, taken
                     taken.release()
@@ -485,9 +462,7 @@ class RemoteCache:
             return None, None
         finally:
             if waited:
-                with self._lock:
-                    self.counters.lease_waits += 1
-                    self.counters.lease_wait_seconds += time.monotonic() - t0
+                self.tally.add(None, lease_waits=1, lease_wait_seconds=time.monotonic() - t0)
 
     def _published_meanwhile(self, backend: Backend, name: str, ns: str) -> bool:
         """Whether the entry is there now, asked right after this node took the lease (the
