@@ -18,7 +18,9 @@ exit is Python's own too.
 
 That trade is ours to make for our own processes only: the library never ends an engine's
 process (its exit is the engine's business); only the entry points of ``python -m
-cute_diskcache``, ``cute-diskcache``, prewarm (and its workers) and the probe call :func:`end`.
+cute_diskcache``, ``cute-diskcache``, prewarm (and its workers) and the probe call :func:`end`;
+so do the test suite's drivers (``tests/*_driver.py``), once they have printed their answer,
+except vLLM's, whose teardown is what some of its tests watch.
 """
 
 from __future__ import annotations

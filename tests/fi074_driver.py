@@ -178,4 +178,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from cute_diskcache import fast_exit
+
+    fast_exit.end(main())  # as our own commands end: after the exit handlers, without the teardown's collections

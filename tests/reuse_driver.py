@@ -57,4 +57,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from cute_diskcache import fast_exit
+
+    fast_exit.end(main())  # as our own commands end: after the exit handlers, without the teardown's collections

@@ -60,4 +60,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from cute_diskcache import fast_exit
+
+    fast_exit.end(main())  # as our own commands end: after the exit handlers, without the teardown's collections
