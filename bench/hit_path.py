@@ -85,9 +85,13 @@ def child(args: argparse.Namespace) -> int:
 
     current_cuda_stream()  # flashinfer's one-off torch._dynamo import, outside the timings
     from cute_diskcache import flashinfer_sites
-    from cute_diskcache.core.cache import default_cache
 
-    from cute_diskcache.core import through
+    try:
+        from cute_diskcache.core import through
+        from cute_diskcache.core.cache import default_cache
+    except ImportError:  # a tree from before core/ (76569c1 and older): the same functions, then in these modules
+        from cute_diskcache.cache import default_cache  # type: ignore[no-redef]
+        from cute_diskcache.flashinfer_sites import _common as through  # type: ignore[no-redef]
 
     # "served": flashinfer's cute.compile call as it sees it, from the call to the object it gets
     # (key, hit, and the object of the compile's own class rebuilt around the loaded function):
