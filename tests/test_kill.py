@@ -163,7 +163,12 @@ def test_commits_killed_at_random_points(tmp_path: Path) -> None:
             # Some kills right at the first commit, the rest anywhere in a stream of commits.
             time.sleep(rng.uniform(0, 0.01) if n % 4 == 0 else rng.uniform(0, MAX_DELAY_S))
             proc.send_signal(signal.SIGKILL)
-            out, _ = proc.communicate(timeout=30)
+            proc.wait(timeout=30)
+            # Through the reader that read "ready": it may have read the first tags with it (a slow
+            # parent, a fast child). communicate() would read the pipe beneath it and lose them, and
+            # under load did (kill 15 counted 25 commits for 26, and its landed 26th looked foreign).
+            out = proc.stdout.read()
+            proc.stdout.close()
             assert proc.returncode == -signal.SIGKILL
             done = [ln for ln in out.splitlines() if ln]
             committed.update(done)
