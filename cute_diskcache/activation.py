@@ -1,5 +1,5 @@
 """Activation: put the cache under every CuTe-DSL compile of the libraries we know (flashinfer,
-b12x) with no change to the serving engine.
+b12x, SGLang) with no change to the serving engine.
 
 Three doors lead here, all idempotent: the ``.pth`` bootstrap (``FLASHINFER_B12X_DISK_CACHE=1``),
 vLLM's ``vllm.general_plugins`` entry point, and ``cute_diskcache.install()``. A library may
