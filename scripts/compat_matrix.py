@@ -243,11 +243,12 @@ def cell_venv(cell: Cell, scratch: Path) -> Path:
 
 #: vLLM as its newest release ships it. Its wheel requires torch==2.14.0 (a CUDA build here), so
 #: it goes in with --no-deps, plus what its plugin loader and its fused-MoE experts module import
-#: on a CPU box (found by importing them), at the versions vLLM itself requires.
+#: on a CPU box (found by importing them), at the versions vLLM itself requires; quack-kernels
+#: builds the fake tensors of vLLM's own skinny GEMM compile (:mod:`cute_diskcache.vllm_sites`).
 VLLM = "vllm==0.34.0"
 VLLM_IMPORTS = ("numpy", "packaging", "msgspec", "huggingface-hub", "psutil", "pyzmq", "regex", "pydantic", "transformers",
                 "aiohttp", "requests", "pillow", "pybase64", "cachetools", "cbor2", "cloudpickle", "uvloop", "py-cpuinfo",
-                "prometheus-client", "llguidance", "xgrammar")
+                "prometheus-client", "llguidance", "xgrammar", "quack-kernels")
 #: The flashinfer its b12x experts build the wrapper from (vLLM pins 0.7.3, not on the index;
 #: 0.7.4 is the release after it) and the DSL vLLM pins.
 VLLM_FLASHINFER = ("flashinfer-python==0.7.4", "nvidia-cutlass-dsl[cu13]==4.8.0")
