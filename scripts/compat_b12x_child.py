@@ -52,10 +52,11 @@ def runtime(target: str, workdir: Path, offline: bool) -> dict[str, Any]:
     import cute_diskcache
     from cute_diskcache.keys import targets
 
-    from cute_diskcache.b12x_sites import adapter, scan
+    from cute_diskcache.b12x_sites import adapter, sites
+    from cute_diskcache.core import sitescan
 
     # Read from b12x's source: importing b12x before install() would let it see no target profile.
-    if not scan.missing_planning_api(Path(adapter.package_dir() or ".")):
+    if not sitescan.missing_definitions(Path(adapter.package_dir() or "."), sites.PLANNING_API):
         # b12x >= 1.5.0 asks torch.cuda for the device as it compiles: only its GPU-less compile
         # worker set-up answers on a CPU box. That set-up also makes every compile an offline one
         # (``no_jit_engine``); a serving process's compile is not, unless ``offline``.

@@ -10,13 +10,12 @@ again). ``docs/versions.md`` says which of them an sm12x engine start reaches, a
 
 from __future__ import annotations
 
-import ast
-import functools
 import os
 from pathlib import Path
 from typing import Any
 
 from .. import config
+from ..core import sitescan
 from . import adapter, sites
 from .names import SGLANG
 
@@ -24,61 +23,16 @@ OURS, SGLANGS, NOTHING = "cute-diskcache", "sglang", "nothing"
 _SKIPPED = ("multimodal_gen/", "test/")
 
 
-def _qualnames(tree: ast.Module) -> list[tuple[str, ast.AST]]:
-    """Every function with its qualified name (nested functions without ``<locals>``)."""
-    out: list[tuple[str, ast.AST]] = []
-
-    def walk(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                out.append((prefix + child.name, child))
-                walk(child, prefix + child.name + ".")
-            elif isinstance(child, ast.ClassDef):
-                walk(child, prefix + child.name + ".")
-            else:
-                walk(child, prefix)
-
-    walk(tree, "")
-    return out
-
-
-def _compiles(fn: ast.AST) -> bool:
-    """``fn``'s own body calls ``cute.compile`` (nested functions are sites of their own)."""
-    todo = list(ast.iter_child_nodes(fn))
-    while todo:
-        node = todo.pop()
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            continue
-        if isinstance(node, ast.Call):
-            f = node.func.value if isinstance(node.func, ast.Subscript) else node.func
-            if isinstance(f, ast.Attribute) and f.attr == "compile" and isinstance(f.value, ast.Name) and f.value.id == "cute":
-                return True
-        todo.extend(ast.iter_child_nodes(node))
-    return False
+def _skipped(rel: str) -> bool:
+    """Not an engine's code: the multimodal generation tree and test code."""
+    return rel.startswith(_SKIPPED) or "/test/" in rel or "/tests/" in rel
 
 
 def scan(root: Path) -> list[dict[str, Any]]:
-    """SGLang's compile sites under ``root``: ``{"file", "function"}`` per function that compiles."""
-    return [dict(site) for site in _scan(root)]
-
-
-@functools.lru_cache(maxsize=4)
-def _scan(root: Path) -> tuple[dict[str, Any], ...]:
-    """Once per process and root (~4,000 files; SGLang is not reinstalled under a running doctor)."""
-    found = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
-        if rel.startswith(_SKIPPED) or "/test/" in rel or "/tests/" in rel:
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-            if "cute.compile" not in text:
-                continue
-            tree = ast.parse(text)
-        except (OSError, SyntaxError, UnicodeDecodeError):
-            continue
-        found += [{"file": rel, "function": q} for q, fn in _qualnames(tree) if _compiles(fn)]
-    return tuple(found)
+    """SGLang's compile sites under ``root``: ``{"file", "function"}`` per function that compiles
+    (~4,000 files, those that name ``cute.compile`` parsed; nested functions are sites of their own)."""
+    return [{"file": f.file, "function": f.function} for f in sitescan.functions(root, skip=_skipped, needle="cute.compile", own_body=True)
+            if f.compiles]
 
 
 def _status(site: dict[str, Any], left: bool) -> str:
@@ -118,8 +72,7 @@ def report() -> dict[str, Any]:
         "aot_objects": sum(1 for _ in Path(aot).rglob("*.o")) if aot and Path(aot).is_dir() else 0,
         "sites": found,
         "summary": {s: sum(1 for f in found if f["status"] == s) for s in (OURS, SGLANGS, NOTHING)},
-        "missing_adapter_sites": sorted(f"{r.file}:{r.function}" for r in sites.ROWS
-                                        if not any((f["file"], f["function"]) == (r.file, r.function) for f in found)),
+        "missing_adapter_sites": sitescan.missing_rows(sites.ROWS, found),
     }
 
 
@@ -133,25 +86,17 @@ def render(rep: dict[str, Any], show_all: bool = False) -> list[str]:
     if rep.get("sglang") is None:
         return ["sglang           not installed"]
     aot = rep["aot_dir"] or "off (SGLANG_CUTE_AOT_CACHE_DIR is empty)"
+    shown = [s for s in rep["sites"] if s["row"] or show_all]
     lines = [
         f"sglang           {rep['sglang']}  ({rep['sglang_dir']})",
         f"  sglang cache   {aot}  ({rep['aot_objects']} objects)"
         + (" (CUTE_DISKCACHE_NATIVE_SITES names sglang: FA4 left to it)" if rep["native"]
            else ", stands aside for the FA4 kernels: ours serves them"),
-        f"sglang compile sites: {len(rep['sites'])}  " + "  ".join(f"{k} {v}" for k, v in rep["summary"].items()),
+        *sitescan.table(SGLANG, rep, shown, lambda s: sites.NOTE if s["status"] == OURS else (
+            "SGLang's cute_aot cache" if s["status"] == SGLANGS else "in memory only: compiled at every start")),
     ]
-    shown = [s for s in rep["sites"] if s["row"] or show_all]
-    width = max([len(f"{s['file']}:{s['function']}") for s in shown] + [4])
-    lines.append(f"  {'persisted by':<15}{'site':<{width}}  how")
-    for s in shown:
-        how = sites.NOTE if s["status"] == OURS else (
-            "SGLang's cute_aot cache" if s["status"] == SGLANGS else "in memory only: compiled at every start")
-        lines.append(f"  {s['status']:<15}{s['file'] + ':' + s['function']:<{width}}  {how}")
     others = len(rep["sites"]) - len(shown)
     if others:
         lines.append(f"  ... and {others} sites without a row: SM100-only, opt-in or model-specific (--all lists them; "
                      "docs/versions.md says which flag selects each and whether sm12x runs it)")
-    if rep.get("missing_adapter_sites"):
-        lines += ["adapter sites not found in this SGLang's source (renamed or reworked upstream):",
-                  *(f"  {m}" for m in rep["missing_adapter_sites"])]
-    return lines
+    return lines + sitescan.missing_lines("SGLang", rep)
