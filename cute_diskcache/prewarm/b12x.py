@@ -16,13 +16,12 @@ a refusal naming the way that works (:func:`.cross_refusal`) before anything com
 from __future__ import annotations
 
 import argparse
-import json
+import functools
 import time
 from typing import Any
 
-
-class Refused(Exception):
-    """The model or flags cannot be planned for b12x (exit 2): one line that says why."""
+from . import spawned
+from .spawned import Refused
 
 
 def resolve(args: argparse.Namespace) -> tuple[Any, tuple[int, ...]]:
@@ -62,133 +61,52 @@ def resolve(args: argparse.Namespace) -> tuple[Any, tuple[int, ...]]:
 def run(args: argparse.Namespace) -> int:
     """Prewarm's b12x branch: its refusals, JSON and exit status are :mod:`.prewarm`'s, and so are
     its closing lines (where it wrote, how to serve, the ``check`` that gates a deploy)."""
-    from ..keys import hostcpu, hostmachine, targets
     from .. import prewarm
+    from ..keys import hostmachine, targets
 
     try:
         dense, counts = resolve(args)
+        spawned.set_up(args)
     except Refused as exc:
         return prewarm.refuse(args, str(exc))
-    profile = targets.get(args.target)
-    from ..activation import install
+    from ..b12x_sites import adapter, planning
 
-    install(target=args.target)
-    from ..b12x_sites import planning
-    from ..core.cache import default_cache
+    def compile_(todo: list[Any]) -> list[dict[str, Any]]:  # in ``--jobs`` workers set up for the target and this host machine
+        return spawned.starmap(planning.run_job, [(p.job,) for p in todo], args.jobs, planning.compile_worker,
+                               (args.target, hostmachine.current()))
 
-    default_cache().for_prewarm()
-    cannot = prewarm.cross_refusal(args, str(default_cache().store.root))
-    if cannot:
-        return prewarm.refuse(args, cannot)
     t0 = time.perf_counter()
-    jobs = planning.plan(dense, counts, profile)
-    results = [] if args.dry_run else _compile_missing(args, jobs)
-    summary = _summary(jobs, results, time.perf_counter() - t0, args, dense)
-    summary["host_machine"] = hostmachine.current()
-    if not args.dry_run:
-        summary["written"] = _written(results)
-        summary["host_cpu_beyond_baseline"] = hostcpu.written_beyond_baseline()
-    if args.json:
-        print(json.dumps({"schema": prewarm.JSON_SCHEMA, **summary}, indent=1))
-    else:
-        print(_table(summary, args.dry_run))
-        if not args.dry_run:
-            prewarm.print_next_steps(summary["written"], summary["host_cpu_beyond_baseline"], prewarm.argv_of_plan(args),
-                                     summary["host_machine"])
-    return prewarm.EXIT_FAILED if summary["errors"] else 0
+    jobs = planning.plan(dense, counts, targets.get(args.target))
+    results: list[dict[str, Any]] = []
+    if not args.dry_run:  # every job when b12x's own cache keeps its kernels (nothing of ours to judge)
+        results = compile_(jobs) if adapter.left_to_b12x() else spawned.compile_missing(requests(args, dense, counts, jobs), compile_, programs=0)
+    summary = _summary(jobs, results, t0, args, dense)
+    return spawned.finish(args, summary, results, _table(summary, args.dry_run), host_cpu=True)
 
 
-def _written(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Where the jobs' kernels are now (:func:`.where_written`'s shape): the root, entries
-    per namespace, bytes; b12x keeps none in its own cache while ours serves."""
-    from ..storage import entry, layout
-    from ..core.cache import default_cache
-
-    root = default_cache().store.root
-    digests = {d for r in results for d in r.get("digests", ())}
-    namespaces: dict[str, int] = {}
-    size = 0
-    for ns in layout.namespaces(root):
-        for digest in digests:
-            path = layout.entry_dir(root, ns, digest)
-            if (path / entry.MANIFEST).is_file():
-                namespaces[ns] = namespaces.get(ns, 0) + 1
-                size += layout.entry_bytes(path)
-    return {"root": str(root), "namespaces": namespaces, "entries": sum(namespaces.values()), "bytes": size, "native": 0}
-
-
-def _compile_missing(args: argparse.Namespace, jobs: list[Any]) -> list[dict[str, Any]]:
-    """Compile, in workers, only the jobs some of whose kernels the store cannot serve; a job whose
-    every kernel is there is reported ``cached`` without a worker loading it (as flashinfer's
-    prewarm skips its cached kernels: a rerun over a filled root, or a second Spark cross-build, costs
-    the plan alone). Judged by :func:`..prewarm.mark_cached`, the checks serving applies."""
-    from .. import prewarm
-    from ..b12x_sites import adapter
-
-    if adapter.left_to_b12x():  # b12x's own cache keeps them: nothing of ours to judge
-        return _compile(jobs, args)
-    planned = _requests_of(args, jobs)
-    cached: list[dict[str, Any] | None] = []
-    for _job, reqs in planned:
-        kernels = {r["digest"]: prewarm.Kernel(r["digest"], r["site"], key=r["key"], extra_ok=r["extra_ok"]) for r in reqs}
-        prewarm.mark_cached(kernels)
-        whole = all(k.status == "cached" for k in kernels.values())
-        cached.append({"status": "cached", "seconds": 0.0, "programs": 0, "digests": sorted(kernels), "compiles": 0,
-                       "hits": len(kernels), "errors": 0} if whole else None)
-    todo = [job for job, done in zip(jobs, cached, strict=True) if done is None]
-    compiled = iter(_compile(todo, args))
-    return [done if done is not None else next(compiled) for done in cached]
-
-
-def _compile(jobs: list[Any], args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Each job in one of ``--jobs`` spawned workers, set up for the target and this host machine."""
-    from . import spawned
-    from ..keys import hostmachine
+def requests(args: argparse.Namespace, dense: Any, counts: tuple[int, ...], jobs: list[Any] | None = None) -> list[tuple[Any, list[dict[str, Any]]]]:
+    """``check``'s plan (and prewarm's, of its ``jobs``): each of b12x's jobs with the keys its
+    compiles ask our cache for, found by running the job's factory in this process, set up as
+    prewarm's workers are, with compiles intercepted (each reports its key and gets a kernel that
+    launches nothing: nothing compiles). This process must not serve afterwards (b12x keeps the stand-ins)."""
+    from ..keys import hostmachine, targets
     from ..b12x_sites import planning
 
-    return spawned.starmap(planning.run_job, [(p.job,) for p in jobs], args.jobs, planning.compile_worker,
-                           (args.target, hostmachine.current()))
-
-
-def requests(args: argparse.Namespace, dense: Any, counts: tuple[int, ...]) -> list[tuple[Any, list[dict[str, Any]]]]:
-    """``check``'s plan: each of b12x's jobs with the keys its compiles ask our cache for, found by
-    running the job's factory in this process, set up as prewarm's workers are, with compiles
-    intercepted (each reports its key and gets a kernel that launches nothing: nothing compiles).
-    b12x memoises a kernel in-process, so a job whose kernel an earlier job asked for adds none.
-    This process must not serve afterwards (b12x keeps the stand-ins)."""
-    from ..keys import targets
-    from ..b12x_sites import planning
-
-    return _requests_of(args, planning.plan(dense, counts, targets.get(args.target)))
-
-
-def _requests_of(args: argparse.Namespace, jobs: list[Any]) -> list[tuple[Any, list[dict[str, Any]]]]:
-    from ..core import through
-    from ..keys import hostmachine
-    from ..b12x_sites import planning
-
+    jobs = planning.plan(dense, counts, targets.get(args.target)) if jobs is None else jobs
     planning.init_worker(args.target, hostmachine.current())
-    out = []
-    with through.planning() as requested:
-        for job in jobs:
-            before = len(requested)
-            planning.run_job(job.job)
-            out.append((job, requested[before:]))
-    return out
+    return spawned.requests((job, functools.partial(planning.run_job, job.job)) for job in jobs)
 
 
-def _summary(jobs: list[Any], results: list[dict[str, Any]], wall: float, args: argparse.Namespace, dense: Any) -> dict[str, Any]:
+def _summary(jobs: list[Any], results: list[dict[str, Any]], t0: float, args: argparse.Namespace, dense: Any) -> dict[str, Any]:
+    from ..keys import hostmachine
+
     rows = [{"linear": j.linear, "n": j.n, "k": j.k, "capacity": j.capacity, "factory": j.factory, "ms": j.ms,
              **(results[i] if results else {"status": "planned"})} for i, j in enumerate(jobs)]
-    return {
-        "backend": "b12x", "model": dense.as_dict(), "target": args.target, "dry_run": bool(args.dry_run),
-        "jobs": len(jobs), "kernels_compiled": sum(r.get("compiles", 0) for r in rows),
-        "kernels_cached": sum(r.get("hits", 0) for r in rows), "errors": sum(r.get("errors", 0) for r in rows),
-        "seconds": round(wall, 1), "job_list": rows,
-    }
+    return {"backend": "b12x", "model": dense.as_dict(), "target": args.target, "dry_run": bool(args.dry_run), "jobs": len(jobs),
+            **spawned.totals(rows, t0), "host_machine": hostmachine.current()}
 
 
-def _table(summary: dict[str, Any], dry: bool) -> str:
+def _table(summary: dict[str, Any], dry: bool) -> list[str]:
     lines = [f"b12x linear kernels for {summary['model']['model']} (out {summary['model']['out_dtype']}) on "
              f"{summary['target']} ({summary['host_machine']} host code): {summary['jobs']} jobs "
              f"(vLLM's b12x warm-up: one per linear shape and row capacity)"]
@@ -199,7 +117,4 @@ def _table(summary: dict[str, Any], dry: bool) -> str:
         shape = f"{r['n']} x {r['k']}"
         line = f"  {r['linear']:<14}{shape:>14}  {r['capacity']:>5}  {span:<18}"
         lines.append(line + ("" if dry else f"  {r['compiles']:>8}  {r['hits']:>6}"))
-    if not dry:
-        lines.append(f"{summary['kernels_compiled']} kernels compiled, {summary['kernels_cached']} already cached, "
-                     f"{summary['errors']} errors, in {summary['seconds']} s")
-    return "\n".join(lines)
+    return lines

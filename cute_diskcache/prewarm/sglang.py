@@ -14,15 +14,13 @@ same :func:`resolve` and :func:`requests`.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from typing import Any
 
 from . import spawned
-
-
-class Refused(Exception):
-    """The flags cannot be planned for SGLang (message for the operator)."""
+from .spawned import Refused
 
 
 def resolve(args: argparse.Namespace) -> tuple[Any, list[int]]:
@@ -62,60 +60,26 @@ def requests(args: argparse.Namespace, att: Any, sizes: list[int]) -> list[tuple
     """Each batch size with the keys its compiles ask our cache for (nothing compiles): SGLang
     memoises a kernel in-process, so this process must not serve afterwards."""
     from ..activation import install
-    from ..core import through
     from ..sglang_sites import planning
 
     install(target=args.target)
-    out = []
-    with through.planning() as requested:
-        for bs in sizes:
-            before = len(requested)
-            planning.decode(att, bs)
-            out.append((bs, requested[before:]))
-    return out
-
-
-def _worker(target: str) -> None:
-    from ..activation import install
-    from ..core.cache import default_cache
-
-    install(target=target)
-    default_cache().for_prewarm()
-
-
-def _job(att: Any, bs: int) -> dict[str, Any]:
-    """A worker's job: one batch size's decode call, its compiles through our cache."""
-    from ..core.cache import default_cache
-    from ..sglang_sites import planning
-
-    t0, error = time.perf_counter(), None
-    with default_cache().tally.watch("compiles", "hits", "errors") as seen:
-        try:
-            planning.decode(att, bs)
-        except Exception as exc:  # noqa: BLE001 - reported per job; the others carry on
-            error = f"{type(exc).__name__}: {exc}"
-    return {"bs": bs, "seconds": time.perf_counter() - t0, "digests": seen.digests, "error": error, **seen.counts}
+    return spawned.requests((bs, functools.partial(planning.decode, att, bs)) for bs in sizes)
 
 
 def run(args: argparse.Namespace) -> int:
     """Prewarm's SGLang branch: refusals, JSON and exit status as :mod:`.prewarm`'s. Planning runs in
     a spawned process of its own (it leaves SGLang holding stand-ins), compiles in spawned workers."""
     from .. import prewarm
-    from ..sglang_sites import adapter
-    from .b12x import _written
+    from ..sglang_sites import adapter, planning
 
     try:
         att, sizes = resolve(args)
+        if adapter.left_to_sglang():
+            raise Refused("CUTE_DISKCACHE_NATIVE_SITES names sglang: SGLang's FA4 kernels are kept by SGLang's "
+                          "own cute_aot cache, which cannot be filled for another card")
+        spawned.set_up(args)  # its cross-build check passes: SGLang's plan names no other host machine
     except Refused as exc:
         return prewarm.refuse(args, str(exc))
-    if adapter.left_to_sglang():
-        return prewarm.refuse(args, "CUTE_DISKCACHE_NATIVE_SITES names sglang: SGLang's FA4 kernels are kept by SGLang's "
-                                    "own cute_aot cache, which cannot be filled for another card")
-    from ..activation import install
-    from ..core.cache import default_cache
-
-    install(target=args.target)
-    default_cache().for_prewarm()
     t0 = time.perf_counter()
     [planned] = spawned.starmap(_planned, [(args,)], 1)
     jobs: list[int] = []
@@ -127,31 +91,17 @@ def run(args: argparse.Namespace) -> int:
             seen |= new
     results: list[dict[str, Any]] = []
     if not args.dry_run:
-        results = spawned.starmap(_job, [(att, bs) for bs in jobs], args.jobs, _worker, (args.target,))
+        results = spawned.starmap(spawned.watched, [({"bs": bs}, planning.decode, att, bs) for bs in jobs], args.jobs, spawned.worker, (args.target,))
     rows = [{"bs": bs, "kernels": [r["site"] for r in reqs], **next((r for r in results if r["bs"] == bs), {"status": "planned"})}
             for bs, reqs in planned if reqs]
-    errors = sum(r.get("errors", 0) + (1 if r.get("error") else 0) for r in rows)
     summary = {"engine": "sglang", "attention_backend": "fa4", "attention": vars(att), "model": args.model,
                "target": args.target, "dry_run": bool(args.dry_run), "batch_sizes": sizes, "jobs": len(rows),
-               "kernels": len(seen), "kernels_compiled": sum(r.get("compiles", 0) for r in rows),
-               "kernels_cached": sum(r.get("hits", 0) for r in rows), "errors": errors,
-               "seconds": round(time.perf_counter() - t0, 1), "job_list": rows}
-    if not args.dry_run:
-        summary["written"] = _written(results)
-    if args.json:
-        print(json.dumps({"schema": prewarm.JSON_SCHEMA, **summary}, indent=1, default=str))
-    else:
-        print(f"SGLang FA4 decode kernels for {args.model} ({att.heads} heads, {att.kv_heads} KV heads, head dim "
-              f"{att.head_dim} per rank, page size {att.page_size}, context {att.context_length}) on {args.target}: "
-              f"{len(seen)} kernels for {len(sizes)} CUDA-graph batch sizes")
-        for r in rows:
-            print(f"  bs {r['bs']:>4}  {', '.join(r['kernels'])}"
-                  + ("" if args.dry_run else f"  compiled {r.get('compiles', 0)}, cached {r.get('hits', 0)}"
-                     + (f"  ERROR {r['error']}" if r.get("error") else "")))
-        if not args.dry_run:
-            print(f"{summary['kernels_compiled']} kernels compiled, {errors} errors, in {summary['seconds']} s")
-            prewarm.print_next_steps(summary["written"], [], prewarm.argv_of_plan(args))
-    return prewarm.EXIT_FAILED if errors else 0
+               "kernels": len(seen), **spawned.totals(rows, t0)}
+    lines = [f"SGLang FA4 decode kernels for {args.model} ({att.heads} heads, {att.kv_heads} KV heads, head dim "
+             f"{att.head_dim} per rank, page size {att.page_size}, context {att.context_length}) on {args.target}: "
+             f"{len(seen)} kernels for {len(sizes)} CUDA-graph batch sizes"]
+    lines += [f"  bs {r['bs']:>4}  {', '.join(r['kernels'])}" + spawned.outcome(r, args.dry_run) for r in rows]
+    return spawned.finish(args, summary, results, lines, says_cached=False)
 
 
 def _planned(args: argparse.Namespace) -> list[tuple[int, list[dict[str, Any]]]]:
