@@ -2,7 +2,7 @@
 
 Public API (everything else is internal):
 
-* :func:`install` / :func:`uninstall` attach the cache to flashinfer's, b12x's and SGLang's CuTe-DSL compiles;
+* :func:`install` / :func:`uninstall` attach the cache to flashinfer's, b12x's, SGLang's and vLLM's own CuTe-DSL compiles;
 * :func:`cached_compile` persists any explicit ``cute.compile`` under a key you give;
 * :func:`counters` reports this process's hits, misses and compile seconds;
 * :class:`CacheMissError` is what a miss raises under ``CUTE_DISKCACHE_ON_MISS=error``.

@@ -1,5 +1,6 @@
 """Activation: put the cache under every CuTe-DSL compile of the libraries we know (flashinfer,
-b12x, SGLang) with no change to the serving engine.
+b12x, SGLang, vLLM's own) with no change to the serving engine. vLLM's own sites need no import
+hook of their own: the one on ``cutlass.cute.compile`` serves them by their rows.
 
 Three doors lead here, all idempotent: the ``.pth`` bootstrap (``FLASHINFER_B12X_DISK_CACHE=1``),
 vLLM's ``vllm.general_plugins`` entry point, and ``cute_diskcache.install()``. A library may

@@ -64,6 +64,9 @@ def _where(k: prewarm.Kernel, dense: Any) -> str:
     span = f"m {ms[0]}" if len(ms) == 1 else f"m {ms[0]}..{ms[-1]} ({len(ms)})"
     if k.group == "b12x" and k.call:  # b12x's job: a linear layer's shape and its row capacity
         return f"{span} {k.call['linear']} {k.call['n']}x{k.call['k']} rows {k.call['capacity']}"
+    if k.group == "vllm-skinny" and k.call:  # vLLM's skinny GEMM: its configuration (m is its row count)
+        c = k.call
+        return f"{span} rows {c['num_rows']} block {c['block_size']} outputs {c['outputs_per_block']} k {c['static_k'] or 'any'}"
     if k.group == "dense" and k.call and dense is not None:
         lin = dense.linears[int(k.call["linear"])]
         tactic = k.call.get("tactic")
@@ -93,11 +96,18 @@ def judge(kernels: dict[str, prewarm.Kernel], dense: Any = None) -> list[dict[st
 
 
 def _plan_flashinfer(args: argparse.Namespace, root: Path) -> tuple[str, list[str], list[dict[str, Any]]]:
-    """(model, notes, judged rows) of flashinfer's plan: its MoE and dense kernels."""
+    """(model, notes, judged rows) of a vLLM engine's plan: flashinfer's MoE and dense kernels, and
+    vLLM's own skinny GEMM where the card has plans for the model's layers (alone for a BF16
+    checkpoint, which flashinfer's kernels refuse)."""
+    from ..prewarm import vllm as prewarm_vllm
+
     try:
         shape, dense, notes, ms = prewarm.resolve(args)
     except prewarm.PlanRefused as exc:
-        raise CliError(str(exc)) from None
+        skinny = prewarm_vllm.resolve(args)
+        if skinny is None or not skinny.configs:
+            raise CliError(str(exc)) from None
+        return str(args.model), [f"flashinfer's kernels not planned: {exc}"], _skinny_rows(args, root, skinny)
     refusal = prewarm.stack_refusal()
     if refusal:
         raise CliError(refusal)
@@ -110,7 +120,16 @@ def _plan_flashinfer(args: argparse.Namespace, root: Path) -> tuple[str, list[st
         except prewarm.PlanRefused as exc:
             raise CliError(str(exc)) from None
         rows = judge(kernels, dense)
-    return (shape or dense).model, notes, rows
+    skinny = prewarm_vllm.resolve(args)
+    return (shape or dense).model, notes, rows + (_skinny_rows(args, root, skinny) if skinny is not None and skinny.configs else [])
+
+
+def _skinny_rows(args: argparse.Namespace, root: Path, skinny: Any) -> list[dict[str, Any]]:
+    """The judged kernels of vLLM's skinny GEMM warm-up, as ``prewarm`` plans them (:func:`..prewarm.vllm.requests`)."""
+    from ..prewarm import vllm as prewarm_vllm
+
+    return _judged(root, lambda: prewarm_vllm.requests(args, skinny), lambda config, r: _kernel(r, "vllm", "vllm-skinny", config),
+                   lambda config: [config["num_rows"]], f"vLLM's skinny GEMM requested no kernel for {args.model}; nothing to check")
 
 
 def _kernel(request: dict[str, Any], library: str, group: str, call: dict[str, Any] | None = None) -> prewarm.Kernel:

@@ -31,8 +31,10 @@ def report() -> dict[str, Any]:
     from ..b12x_sites import scan as b12x_scan
     from ..flashinfer_sites import coverage_report
     from ..sglang_sites import scan as sglang_scan
+    from ..vllm_sites import scan as vllm_scan
 
-    return {**coverage_report(), "b12x": b12x_scan.report(), "sglang": sglang_scan.report(), "host_code": host_code_report()}
+    return {**coverage_report(), "b12x": b12x_scan.report(), "sglang": sglang_scan.report(), "vllm": vllm_scan.report(),
+            "host_code": host_code_report()}
 
 
 def host_code_report() -> dict[str, Any]:
@@ -147,6 +149,10 @@ def _b12x_lines(report: dict[str, Any], show_all: bool) -> list[str]:
         from ..sglang_sites import scan as sglang_scan
 
         lines += ["", *sglang_scan.render(report["sglang"], show_all)]
+    if report.get("vllm") is not None:  # vLLM's own block (:mod:`..vllm_sites.scan`)
+        from ..vllm_sites import scan as vllm_scan
+
+        lines += ["", *vllm_scan.render(report["vllm"], show_all)]
     return lines
 
 
@@ -168,11 +174,12 @@ def strict_failure(report: dict[str, Any]) -> bool:
     """What ``--strict`` fails on: an sm12x site nothing persists, a vanished adapter site, a refusal
     (flashinfer's or b12x's)."""
     from ..sglang_sites import scan as sglang_scan
+    from ..vllm_sites import scan as vllm_scan
 
     b12x = report.get("b12x") or {}
     return bool(report.get("summary", {}).get("nothing") or report.get("missing_adapter_sites") or report.get("refused")
                 or b12x.get("summary", {}).get("nothing") or b12x.get("missing_adapter_sites")
-                or sglang_scan.strict_failure(report.get("sglang") or {}))
+                or sglang_scan.strict_failure(report.get("sglang") or {}) or vllm_scan.strict_failure(report.get("vllm") or {}))
 
 
 def main(argv: list[str] | None = None) -> int:

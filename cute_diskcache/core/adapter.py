@@ -1,10 +1,10 @@
 """Owns what the hook knows of a library: one :class:`Adapter` record per library, filled with data.
 
 The hook (:mod:`.hook`), the describer and the path through the cache know no
-library: everything that differs between flashinfer and b12x (where its code lies, which modules
+library: everything that differs between flashinfer, b12x, SGLang and vLLM (where its code lies, which modules
 are fingerprinted, its distribution, its table of compile sites, its own disk cache, the variables
 and compile keywords that change no code, side data kept beside a kernel) is a field here, filled
-by that library's adapter (``flashinfer_sites/adapter.py``, ``b12x_sites/adapter.py``).
+by that library's adapter (``flashinfer_sites/adapter.py``, ``b12x_sites/adapter.py``, ...).
 :func:`adapters` lists them; a library adds a record, never a branch in the hook.
 """
 
@@ -99,7 +99,8 @@ class Adapter:
 
 
 #: The adapters' modules, each defining ``ADAPTER``. Imported on first use, never at start-up.
-_MODULES = ("cute_diskcache.flashinfer_sites.adapter", "cute_diskcache.b12x_sites.adapter", "cute_diskcache.sglang_sites.adapter")
+_MODULES = ("cute_diskcache.flashinfer_sites.adapter", "cute_diskcache.b12x_sites.adapter", "cute_diskcache.sglang_sites.adapter",
+            "cute_diskcache.vllm_sites.adapter")
 
 
 @functools.lru_cache(maxsize=1)

@@ -840,10 +840,15 @@ def _run(args: argparse.Namespace) -> int:
         from . import b12x as prewarm_b12x
 
         return prewarm_b12x.run(args)
+    from . import vllm as prewarm_vllm
+
     try:
         shape, dense, notes, ms = resolve(args)
     except PlanRefused as exc:
-        return refuse(args, str(exc))
+        skinny = None if args.verify else prewarm_vllm.resolve(args)
+        if skinny is None or not skinny.configs:
+            return refuse(args, str(exc))
+        return prewarm_vllm.run_alone(args, skinny, str(exc))  # a BF16 checkpoint: vLLM's own kernels only
     if args.verify:
         return verify(shape, ms, args, dense)
 
@@ -872,7 +877,12 @@ def _run(args: argparse.Namespace) -> int:
         missing = [k for k in kernels.values() if k.status == "planned"]
         with bar(len(missing), "compiling", "kernels", disable=args.json or not missing) as compiling:
             compile_missing(missing, shape, args, compiling, pool, dense)
+    skinny = prewarm_vllm.resolve(args)
+    skinny_summary = prewarm_vllm.run(args, skinny) if skinny is not None and skinny.configs else None
     summary = _summary(kernels, time.perf_counter() - t0)
+    if skinny_summary is not None:
+        summary["vllm_skinny_gemm"] = skinny_summary
+        summary["failed"] += skinny_summary["errors"]
     summary["model"] = shape.as_dict() if shape is not None else None
     summary["dense_layers"] = dense.as_dict() if dense is not None else None
     summary["notes"] = notes
@@ -881,7 +891,7 @@ def _run(args: argparse.Namespace) -> int:
     summary["functional"] = args.functional
     summary["autotune"] = args.autotune
     if not args.dry_run:
-        summary["written"] = where_written(kernels)
+        summary["written"] = prewarm_vllm.with_written(where_written(kernels), skinny_summary)
         summary["host_cpu_beyond_baseline"] = _cpu_extras()
     if args.json:
         summary["kernel_list"] = [{"digest": k.digest, "kind": k.kind, "group": k.group, "ms": k.ms, "status": k.status,
@@ -891,6 +901,8 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps({"schema": JSON_SCHEMA, **summary}, indent=1))
     else:
         _print_table(shape, dense, kernels, summary, args.dry_run, notes)
+        if skinny_summary is not None:
+            print("\n".join(prewarm_vllm.lines(skinny_summary, (shape or dense).model, args.target, args.dry_run)))
         if not args.dry_run:
             print_next_steps(summary["written"], summary["host_cpu_beyond_baseline"], argv_of_plan(args), summary["host_machine"])
     return EXIT_FAILED if summary["failed"] else 0

@@ -274,35 +274,22 @@ def _quantized(module: str, excluded: list[str]) -> bool:
     return True
 
 
-def dense_shape(model: str, *, tp: int = 1) -> DenseShape:
-    """Per-rank NVFP4 linear shapes, as vLLM shards them (column-parallel outputs, row-parallel
-    inputs, KV heads replicated when there are fewer than ranks) and pads them (to 32).
-
-    A MoE model's dense layers are its attention projections, plus shared experts and the dense
-    MLP layers some architectures keep (``shared_expert_intermediate_size``, ``mlp_only_layers``,
-    ``first_k_dense_replace``). Layers the checkpoint leaves unquantized are not listed.
-    Raises :class:`UnsupportedModelError` for a checkpoint without NVFP4 linear layers.
-    """
-    cfg, name = load_config(model)
-    if tp < 1:
-        raise ModelConfigError("--tp must be >= 1")
-    quant = _quant_mode(cfg, name)
-    if quant != "nvfp4":
-        raise UnsupportedModelError(f"{name}: {quant} linear layers do not run through flashinfer's b12x FP4 GEMM")
+def _linear_layers(cfg: dict[str, Any], name: str, tp: int) -> list[tuple[str, tuple[str, ...], int, int]]:
+    """Layer 0's linear layers of one rank, each as (label, the checkpoint's module names, n, k),
+    sharded as vLLM shards them (column-parallel outputs, row-parallel inputs, KV heads replicated
+    when there are fewer than ranks), unpadded."""
     hidden = _int_field(cfg, ("hidden_size",), "hidden size", name)
     heads = _int_field(cfg, ("num_attention_heads",), "attention head count", name)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     if heads % tp:
         raise UnsupportedModelError(f"{name}: {heads} attention heads do not split over tp={tp}")
-    excluded = _excluded(cfg)
     kv_rank = max(1, kv_heads // tp)  # fewer KV heads than ranks: each rank holds a replica
     candidates: list[tuple[str, tuple[str, ...], int, int]] = [
         ("qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.qkv_proj"),
          (heads // tp + 2 * kv_rank) * head_dim, hidden),
         ("o_proj", ("self_attn.o_proj",), hidden, heads * head_dim // tp),
     ]
-    notes: list[str] = []
     mlps: list[tuple[str, str, int]] = []  # (label prefix, module, intermediate size)
     if not is_moe(cfg):
         mlps.append(("", "mlp", _int_field(cfg, ("intermediate_size",), "intermediate size", name)))
@@ -320,6 +307,27 @@ def dense_shape(model: str, *, tp: int = 1) -> DenseShape:
             (f"{label}gate_up_proj", (f"{module}.gate_proj", f"{module}.up_proj", f"{module}.gate_up_proj"), 2 * inter // tp, hidden),
             (f"{label}down_proj", (f"{module}.down_proj",), hidden, inter // tp),
         ]
+    return candidates
+
+
+def dense_shape(model: str, *, tp: int = 1) -> DenseShape:
+    """Per-rank NVFP4 linear shapes, as vLLM shards them (column-parallel outputs, row-parallel
+    inputs, KV heads replicated when there are fewer than ranks) and pads them (to 32).
+
+    A MoE model's dense layers are its attention projections, plus shared experts and the dense
+    MLP layers some architectures keep (``shared_expert_intermediate_size``, ``mlp_only_layers``,
+    ``first_k_dense_replace``). Layers the checkpoint leaves unquantized are not listed.
+    Raises :class:`UnsupportedModelError` for a checkpoint without NVFP4 linear layers.
+    """
+    cfg, name = load_config(model)
+    if tp < 1:
+        raise ModelConfigError("--tp must be >= 1")
+    quant = _quant_mode(cfg, name)
+    if quant != "nvfp4":
+        raise UnsupportedModelError(f"{name}: {quant} linear layers do not run through flashinfer's b12x FP4 GEMM")
+    excluded = _excluded(cfg)
+    candidates = _linear_layers(cfg, name, tp)
+    notes: list[str] = []
     linears = []
     for label, modules, n, k in candidates:
         if not all(_quantized(m, excluded) for m in modules):
@@ -329,3 +337,42 @@ def dense_shape(model: str, *, tp: int = 1) -> DenseShape:
     torch_dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     out_dtype = "float16" if torch_dtype in ("float16", "half") else "bfloat16"
     return DenseShape(model=name, linears=tuple(linears), out_dtype=out_dtype, quant_mode=quant, notes=tuple(notes))
+
+
+#: vLLM's ``DEFAULT_VOCAB_PADDING_SIZE``: an LM head's rows are the vocabulary padded to 64, split over the ranks.
+_VOCAB_PAD = 64
+
+
+def unquantized_linears(model: str, *, tp: int = 1) -> tuple[tuple[Linear, ...], tuple[str, ...]]:
+    """(layers, notes): the per-rank weight shapes (n, k), unpadded, of the layers vLLM may hand its
+    own skinny GEMM (``maybe_use_skinny_gemm``: a 2-D weight the checkpoint leaves unquantized, no
+    bias): the linear layers, a MoE model's router (replicated) and the LM head. Biases are read
+    from the config as the model families declare them (``attention_bias``, Qwen2's q/k/v bias,
+    ``mlp_bias``, gpt-oss's router)."""
+    cfg, name = load_config(model)
+    cfg = cfg.get("text_config") or cfg
+    if tp < 1:
+        raise ModelConfigError("--tp must be >= 1")
+    quantized = bool(cfg.get("quantization_config"))
+    excluded = _excluded(cfg)
+    biased = {"qkv_proj", "o_proj"} if cfg.get("attention_bias") else set()
+    if cfg.get("model_type") in ("qwen2", "qwen2_moe"):
+        biased.add("qkv_proj")
+    layers, notes = [], []
+    for label, modules, n, k in _linear_layers(cfg, name, tp):
+        if quantized and all(_quantized(m, excluded) for m in modules):
+            continue
+        if label in biased or (cfg.get("mlp_bias") and label.endswith(("gate_up_proj", "down_proj"))):
+            notes.append(f"{label} has a bias (not a skinny GEMM)")
+            continue
+        layers.append(Linear(label, n, k))
+    hidden = int(cfg["hidden_size"])
+    experts = next((cfg[key] for key in ("num_experts", "num_local_experts", "n_routed_experts") if isinstance(cfg.get(key), int)), 0)
+    if is_moe(cfg) and cfg.get("model_type") != "gpt_oss":
+        layers.append(Linear("router", experts, hidden))
+    vocab = cfg.get("vocab_size")
+    if isinstance(vocab, int) and (-(-vocab // _VOCAB_PAD) * _VOCAB_PAD) % tp == 0:
+        layers.append(Linear("lm_head", -(-vocab // _VOCAB_PAD) * _VOCAB_PAD // tp, hidden))
+    else:
+        notes.append("the LM head's shape is not known (the config names no vocab_size that splits over the ranks)")
+    return tuple(layers), tuple(notes)
