@@ -189,3 +189,25 @@ def test_damaged_entry_is_reported_and_left_in_place(prewarmed_copy: Path, tmp_p
         (row,) = json.loads(proc.stdout)["kernels"]
         assert row["status"] == "unusable" and row["why"].startswith("checksum: ") and "damaged" in row["why"], row
     assert tree(prewarmed_copy) == before and not (prewarmed_copy / "quarantine").exists()
+
+
+def test_a_library_branch_refused_or_left_to_its_own_cache_is_the_clis_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """check's b12x, b12x MoE and SGLang branches: prewarm's refusal, word for word, or the library
+    keeping its kernels itself (``CUTE_DISKCACHE_NATIVE_SITES``), which check cannot judge."""
+    import argparse
+
+    from cute_diskcache.cli import check
+    from cute_diskcache.cli.common import CliError
+    from cute_diskcache.prewarm import spawned
+
+    def refused(args: argparse.Namespace) -> None:
+        raise spawned.Refused("--moe-backend b12x compiles for a named card: pass --target")
+
+    with pytest.raises(CliError, match="^--moe-backend b12x compiles for a named card"):
+        check._resolved(refused, argparse.Namespace(), "b12x", "b12x's own disk cache")
+    monkeypatch.delenv("CUTE_DISKCACHE_NATIVE_SITES", raising=False)
+    assert check._resolved(lambda args: ("plan",), argparse.Namespace(), "b12x", "b12x's own disk cache") == ("plan",)
+    monkeypatch.setenv("CUTE_DISKCACHE_NATIVE_SITES", "b12x")
+    with pytest.raises(CliError, match="names b12x: its kernels are kept by b12x's own disk cache, which check does not judge"):
+        check._resolved(lambda args: ("plan",), argparse.Namespace(), "b12x", "b12x's own disk cache")
+    assert check._resolved(lambda args: ("plan",), argparse.Namespace(), "sglang", "SGLang's own cute_aot cache") == ("plan",)

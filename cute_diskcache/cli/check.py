@@ -153,19 +153,26 @@ def _judged(root: Path, plan: Callable[[], Iterable[tuple[Any, list[dict[str, An
         return judge(kernels)
 
 
+def _resolved(resolve: Callable[[argparse.Namespace], Any], args: argparse.Namespace, library: str, own_cache: str) -> Any:
+    """A library branch's plan for these flags, as its prewarm resolves it; a refusal, or the
+    library keeping its kernels in its own cache (``CUTE_DISKCACHE_NATIVE_SITES``), is the CLI's error."""
+    from ..prewarm import spawned
+
+    try:
+        resolved = resolve(args)
+    except spawned.Refused as exc:
+        raise CliError(str(exc)) from None
+    if config.left_to_library(library):
+        raise CliError(f"{config.env_name('native_sites')} names {library}: its kernels are kept by {own_cache}, which check does not judge")
+    return resolved
+
+
 def _plan_b12x(args: argparse.Namespace, root: Path) -> tuple[str, list[str], list[dict[str, Any]]]:
     """(model, notes, judged rows) of ``--linear-backend b12x``: the kernels of b12x's jobs as
     ``prewarm --linear-backend b12x`` plans them (:func:`..prewarm.b12x.requests`)."""
     from ..prewarm import b12x as prewarm_b12x
-    from ..b12x_sites import adapter
 
-    try:
-        dense, counts = prewarm_b12x.resolve(args)
-    except prewarm_b12x.Refused as exc:
-        raise CliError(str(exc)) from None
-    if adapter.left_to_b12x():
-        raise CliError(f"{config.env_name('native_sites')} names b12x: b12x's kernels are kept by b12x's own disk "
-                       "cache, which check does not judge")
+    dense, counts = _resolved(prewarm_b12x.resolve, args, "b12x", "b12x's own disk cache")
     rows = _judged(root, lambda: prewarm_b12x.requests(args, dense, counts),
                    lambda job, r: _kernel(r, "b12x", "b12x", {"linear": job.linear, "n": job.n, "k": job.k, "capacity": job.capacity}),
                    lambda job: job.ms, f"b12x requested no kernel cute-diskcache covers for {dense.model}; nothing to check")
@@ -176,15 +183,8 @@ def _plan_b12x_moe(args: argparse.Namespace, root: Path) -> tuple[str, list[str]
     """(model, notes, judged rows) of ``--moe-backend b12x``: the kernels of the launches of vLLM's
     b12x MoE warm-up as ``prewarm --moe-backend b12x`` plans them (:func:`..prewarm.b12x_moe.requests`)."""
     from ..prewarm import b12x_moe
-    from ..b12x_sites import adapter
 
-    try:
-        layer, mode, counts = b12x_moe.resolve(args)
-    except b12x_moe.Refused as exc:
-        raise CliError(str(exc)) from None
-    if adapter.left_to_b12x():
-        raise CliError(f"{config.env_name('native_sites')} names b12x: b12x's kernels are kept by b12x's own disk "
-                       "cache, which check does not judge")
+    layer, mode, counts = _resolved(b12x_moe.resolve, args, "b12x", "b12x's own disk cache")
     rows = _judged(root, lambda: b12x_moe.requests(args, layer, mode, counts),
                    lambda tokens, r: _kernel(r, "b12x", "b12x-moe", {"mode": mode, "tokens": tokens}),
                    lambda tokens: [tokens], f"b12x requested no MoE kernel cute-diskcache covers for {args.model}; nothing to check")
@@ -195,15 +195,8 @@ def _plan_sglang(args: argparse.Namespace, root: Path) -> tuple[str, list[str], 
     """(model, notes, judged rows) of ``--engine sglang``: the FA4 kernels of SGLang's decode capture
     as ``prewarm --engine sglang`` plans them (:func:`..prewarm.sglang.requests`)."""
     from ..prewarm import sglang as prewarm_sglang
-    from ..sglang_sites import adapter
 
-    try:
-        att, sizes = prewarm_sglang.resolve(args)
-    except prewarm_sglang.Refused as exc:
-        raise CliError(str(exc)) from None
-    if adapter.left_to_sglang():
-        raise CliError(f"{config.env_name('native_sites')} names sglang: SGLang's FA4 kernels are kept by SGLang's own "
-                       "cute_aot cache, which check does not judge")
+    att, sizes = _resolved(prewarm_sglang.resolve, args, "sglang", "SGLang's own cute_aot cache")
     rows = _judged(root, lambda: prewarm_sglang.requests(args, att, sizes), lambda bs, r: _kernel(r, "sglang", "sglang"),
                    lambda bs: [bs], f"SGLang requested no FA4 kernel for {args.model}; nothing to check")
     return str(args.model), ["SGLang's prefill kernels are not planned: the engine's first start compiles them"], rows
