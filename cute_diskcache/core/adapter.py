@@ -138,6 +138,14 @@ def module_dir(module: str) -> str | None:
     return os.path.realpath(os.path.dirname(path)) if path else None
 
 
+def located(module: str, distribution: str) -> tuple[Callable[[], str | None], Callable[[], str]]:
+    """An adapter's ``package_dir`` and ``version`` where its code root is its module's directory:
+    found without importing the library, each read once per process (a library is not
+    reinstalled under a running engine)."""
+    return (functools.lru_cache(maxsize=1)(functools.partial(module_dir, module)),
+            functools.lru_cache(maxsize=1)(functools.partial(distribution_version, distribution, module)))
+
+
 def distribution_version(distribution: str, module: str) -> str:
     """An installed distribution's version, else the loaded module's ``__version__``."""
     import importlib.metadata
@@ -148,4 +156,4 @@ def distribution_version(distribution: str, module: str) -> str:
         return str(getattr(sys.modules.get(module), "__version__", "0+unknown"))
 
 
-__all__ = ["DEPTH", "Adapter", "Row", "SideData", "adapters", "by_name", "distribution_version", "module_dir", "of_row"]
+__all__ = ["DEPTH", "Adapter", "Row", "SideData", "adapters", "by_name", "distribution_version", "located", "module_dir", "of_row"]

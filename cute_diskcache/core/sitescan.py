@@ -55,6 +55,13 @@ def functions(root: Path, entry_names: Callable[[ast.Module], set[str]] | None =
     return tuple(found)
 
 
+def compiling(root: Path, skip: Callable[[str], bool]) -> list[dict[str, Any]]:
+    """``{"file", "function"}`` of each function under ``root`` that calls ``cute.compile`` itself (a
+    nested function is a site of its own), but in files ``skip`` names: a library that compiles at
+    its sites, not through a wrapper of its own (SGLang's, vLLM's)."""
+    return [{"file": f.file, "function": f.function} for f in functions(root, skip=skip, needle="cute.compile", own_body=True) if f.compiles]
+
+
 def _qualnames(node: ast.AST, prefix: str) -> Iterable[tuple[str, ast.AST]]:
     """Every function under ``node`` with its qualified name (nested functions without ``<locals>``)."""
     for child in ast.iter_child_nodes(node):

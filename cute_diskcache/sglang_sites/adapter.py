@@ -8,23 +8,14 @@ in-memory sites compile as SGLang alone would.
 
 from __future__ import annotations
 
-import functools
-
 from .. import config
-from ..core.adapter import Adapter, distribution_version, module_dir
+from ..core.adapter import Adapter, located
 from . import sites
 from .names import SGLANG
 
 
-@functools.lru_cache(maxsize=1)
-def package_dir() -> str | None:
-    """SGLang's package directory (found without importing it), or None when not installed."""
-    return module_dir(SGLANG)
-
-
-@functools.lru_cache(maxsize=1)
-def version() -> str:
-    return distribution_version("sglang", SGLANG)
+#: SGLang's package directory (found without importing it; None when not installed) and its version.
+package_dir, version = located(SGLANG, "sglang")
 
 
 def left_to_sglang() -> bool:

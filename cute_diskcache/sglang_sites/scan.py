@@ -31,8 +31,7 @@ def _skipped(rel: str) -> bool:
 def scan(root: Path) -> list[dict[str, Any]]:
     """SGLang's compile sites under ``root``: ``{"file", "function"}`` per function that compiles
     (~4,000 files, those that name ``cute.compile`` parsed; nested functions are sites of their own)."""
-    return [{"file": f.file, "function": f.function} for f in sitescan.functions(root, skip=_skipped, needle="cute.compile", own_body=True)
-            if f.compiles]
+    return sitescan.compiling(root, _skipped)
 
 
 def _status(site: dict[str, Any], left: bool) -> str:

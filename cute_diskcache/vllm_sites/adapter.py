@@ -7,23 +7,14 @@ empty and every start compiles again, as vLLM alone would.
 
 from __future__ import annotations
 
-import functools
-
 from .. import config
-from ..core.adapter import Adapter, distribution_version, module_dir
+from ..core.adapter import Adapter, located
 from . import sites
 from .names import VLLM
 
 
-@functools.lru_cache(maxsize=1)
-def package_dir() -> str | None:
-    """vLLM's package directory (found without importing it), or None when not installed."""
-    return module_dir(VLLM)
-
-
-@functools.lru_cache(maxsize=1)
-def version() -> str:
-    return distribution_version("vllm", VLLM)
+#: vLLM's package directory (found without importing it; None when not installed) and its version.
+package_dir, version = located(VLLM, "vllm")
 
 
 def left_to_vllm() -> bool:
