@@ -19,7 +19,7 @@ _FALSE = ("", "0", "false", "no", "off")
 #: CUTE_DISKCACHE_NATIVE_SITES values; the first is the default (every library's sites ours).
 NATIVE_SITES_CHOICES = ("cute-diskcache", "flashinfer")
 #: Libraries CUTE_DISKCACHE_NATIVE_SITES may leave to their own caches (a comma list of them).
-NATIVE_LIBRARIES = ("flashinfer", "b12x", "sglang")
+NATIVE_LIBRARIES = ("flashinfer", "b12x", "sglang", "vllm")
 
 
 def env_flag(name: str, default: bool = False) -> bool:

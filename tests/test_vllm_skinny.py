@@ -215,3 +215,14 @@ def test_vllm_0_34_has_the_row_and_the_planning_api(vllm_python: Path) -> None:
     found = scan.scan(root)
     assert {"file": sites.SKINNY_FILE, "function": sites.SKINNY_FUNCTION} in found
     assert scan.planning_gap(root) == []
+
+
+@pytest.mark.parametrize(("native", "rows"), [("", 1), ("vllm", 0), ("b12x,vllm", 0), ("sglang", 1)])
+def test_native_sites_naming_vllm_leaves_its_kernels_to_it(tmp_path: Path, native: str, rows: int) -> None:
+    """``CUTE_DISKCACHE_NATIVE_SITES=vllm`` (alone or in a list): vLLM's table is empty, so its skinny
+    GEMM compiles as vLLM alone would; read as an engine reads it, at the adapter's import."""
+    code = "from cute_diskcache.vllm_sites import adapter; print(len(adapter.ADAPTER.by_where), adapter.left_to_vllm())"
+    env = {**os.environ, "CUTE_DISKCACHE_NATIVE_SITES": native}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.split() == [str(rows), str(rows == 0)], out.stdout + out.stderr
+    assert "ignoring CUTE_DISKCACHE_NATIVE_SITES" not in out.stderr, out.stderr
