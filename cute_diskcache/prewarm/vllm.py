@@ -84,24 +84,20 @@ def _worker(target: str, host_machine: str) -> None:
     default_cache().for_prewarm()
 
 
-def _job(config: dict[str, Any], capability: tuple[int, int]) -> dict[str, Any]:
-    from ..vllm_sites import planning
-
-    return spawned.watched({"config": config}, planning.compile_config, config, capability)
-
-
 def run(args: argparse.Namespace, group: Group) -> dict[str, Any]:
     """Compile the group's missing kernels (``--dry-run``: list them) and say what was done: a
     configuration every kernel of which the store serves is reported cached without a worker."""
     from ..keys import hostmachine
+    from ..vllm_sites import planning
 
     t0 = time.perf_counter()
     planned = requests(args, group)
     if args.dry_run:
         rows = [{"config": config, "status": "planned", "digests": sorted({r["digest"] for r in reqs})} for config, reqs in planned]
     else:
-        rows = spawned.compile_missing(planned, lambda todo: spawned.starmap(_job, [(c, group.capability) for c in todo], args.jobs,
-                                                                             _worker, (args.target, hostmachine.current())))
+        rows = spawned.compile_missing(planned, lambda todo: spawned.starmap(
+            spawned.watched, [({"config": c}, planning.compile_config, c, group.capability) for c in todo], args.jobs,
+            _worker, (args.target, hostmachine.current())))
         rows = [{"config": config, **row} for (config, _), row in zip(planned, rows, strict=True)]
     return {"capability": list(group.capability), "layers": [lin.as_dict() for lin in group.layers], "notes": list(group.notes),
             "configs": len(group.configs), **spawned.totals(rows, t0)}
